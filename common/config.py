@@ -1,0 +1,286 @@
+"""Run configuration: frozen dataclasses loaded from TOML, with `--set section.key=value` overrides.
+
+Unknown keys and bad values fail with a message that names the key and the allowed values.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import pathlib
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def choice(default: Any, choices: tuple[str, ...] | str, doc: str = "") -> Any:
+    """A field whose value must be one of `choices` (a tuple, or "module:REGISTRY" resolved lazily)."""
+    return field(default=default, metadata={"choices": choices, "doc": doc})
+
+
+def doc(default: Any, text: str, **extra: Any) -> Any:
+    return field(default=default, metadata={"doc": text, **extra})
+
+
+@dataclass(frozen=True)
+class RunSection:
+    name: str = doc("default", "label of the run, used in the run directory name")
+    seed: int = doc(0, "run seed; every generator is derived from (seed, tier, node, round)")
+    rounds: int = doc(8, "global (cloud) rounds", min=1)
+    algorithm: str = choice("hierfavg", "hfl.common.plans:ALGORITHMS", "round schedule")
+    eval_every: int = doc(1, "evaluate the global model every this many rounds (the last round always)", min=1)
+
+
+@dataclass(frozen=True)
+class TopologySection:
+    edges: int = doc(2, "edge servers (clusters)", min=1)
+    devices_per_edge: int = doc(5, "emulated devices per edge", min=1)
+    hosts_per_edge: int = doc(1, "device host processes per edge", min=1)
+
+
+@dataclass(frozen=True)
+class DataSection:
+    dataset: str = choice("mnist-embedded", "hfl.common.data:DATASETS", "dataset name")
+    root: str = doc("", "directory with the dataset files (mnist, fashion-mnist, cifar10)")
+    partition: str = choice("iid", "hfl.common.partition:PARTITIONERS", "how training data is split over devices")
+    classes_per_device: int = doc(2, "partition=classes: labels per device", min=1)
+    dirichlet_alpha: float = doc(0.5, "partition=dirichlet: concentration", min=1e-6)
+    samples_per_device: tuple[int, int] = doc((0, 0), "[lo, hi]: draw each device's sample count uniformly; [0, 0] = split all")
+    test_fraction: float = doc(0.2, "mnist-embedded/synthetic: share held out for the cloud's test set", min=0.01, max=0.9)
+    synthetic_samples: int = doc(12000, "synthetic: total samples generated", min=10)
+    synthetic_shape: tuple[int, int, int] = doc((1, 28, 28), "synthetic: image shape (C, H, W)")
+    max_test_samples: int = doc(0, "evaluate on at most this many test samples (0 = all)", min=0)
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    name: str = choice("mnist-cnn", "hfl.common.models:MODELS", "model architecture")
+
+
+@dataclass(frozen=True)
+class TrainSection:
+    lr: float = doc(0.05, "learning rate (mu)", min=0.0)
+    batch_size: int = doc(32, "mini-batch size B", min=1)
+    tau: int = doc(4, "hierfavg: edge rounds per cloud round; qhetfed: edge gradient steps per round", min=0)
+    gamma: int = doc(5, "local SGD steps (or epochs, see local_unit) per local phase", min=0)
+    local_unit: str = choice("steps", ("steps", "epochs"), "unit of gamma")
+    torch_threads: int = doc(1, "torch intra-op threads per process", min=1)
+
+
+@dataclass(frozen=True)
+class AggregationSection:
+    edge_weights: str = choice("auto", ("auto", "samples", "devices"), "edge averaging weights; auto = the algorithm's paper")
+    cloud_weights: str = choice("auto", ("auto", "samples", "devices"), "cloud averaging weights; auto = the algorithm's paper")
+
+
+@dataclass(frozen=True)
+class PipelineSection:
+    clip: str = choice("identity", "hfl.common.pipeline:VECTOR_STAGES", "device uplink clipping")
+    device_noise: str = choice("identity", "hfl.common.pipeline:VECTOR_STAGES", "device-tier DP noise")
+    uplink_encoding: str = choice("float32", "hfl.common.wire:CODECS", "device -> edge encoding")
+    uplink_channel: str = choice("ideal", "hfl.common.pipeline:CHANNELS", "device -> edge channel")
+    aggregate: str = choice("weighted_mean", "hfl.common.pipeline:AGGREGATORS", "aggregation rule")
+    edge_noise: str = choice("identity", "hfl.common.pipeline:VECTOR_STAGES", "edge-tier DP noise")
+    backhaul_encoding: str = choice("float32", "hfl.common.wire:CODECS", "edge -> cloud encoding")
+    backhaul_channel: str = choice("ideal", "hfl.common.pipeline:CHANNELS", "edge -> cloud channel")
+    downlink_encoding: str = choice("float32", "hfl.common.wire:CODECS", "cloud -> edge -> device encoding")
+    params: dict = field(default_factory=dict, metadata={"doc": "per-stage parameters: [pipeline.params.STAGE_NAME] key = value"})
+
+
+@dataclass(frozen=True)
+class NetSection:
+    max_message_mb: int = doc(64, "largest payload a server accepts (MiB)", min=1)
+    chunk_kib: int = doc(1024, "stream chunk size (KiB)", min=1, max=8192)
+    phase_timeout_s: float = doc(300.0, "how long a barrier waits for missing members before dropping them", min=0.1)
+    join_timeout_s: float = doc(300.0, "how long the cloud waits for every edge and device to join", min=0.1)
+    grace_s: float = doc(3.0, "graceful-stop time of every server", min=0.0)
+
+
+@dataclass(frozen=True)
+class Config:
+    run: RunSection = field(default_factory=RunSection)
+    topology: TopologySection = field(default_factory=TopologySection)
+    data: DataSection = field(default_factory=DataSection)
+    model: ModelSection = field(default_factory=ModelSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    aggregation: AggregationSection = field(default_factory=AggregationSection)
+    pipeline: PipelineSection = field(default_factory=PipelineSection)
+    net: NetSection = field(default_factory=NetSection)
+
+    @property
+    def num_devices(self) -> int:
+        return self.topology.edges * self.topology.devices_per_edge
+
+
+def _resolve_choices(choices: tuple[str, ...] | str) -> list[str]:
+    if isinstance(choices, tuple):
+        return list(choices)
+    module, attr = choices.split(":")
+    return getattr(importlib.import_module(module), attr).names()
+
+
+def _coerce(key: str, f: dataclasses.Field, value: Any) -> Any:
+    hint = _hints(f)
+    origin = typing.get_origin(hint)
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key} must be true or false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key} must be an integer, got {value!r}")
+    elif hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key} must be a number, got {value!r}")
+        value = float(value)
+    elif hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key} must be a string, got {value!r}")
+    elif origin is tuple:
+        args = typing.get_args(hint)
+        if not isinstance(value, (list, tuple)) or len(value) != len(args):
+            raise ConfigError(f"{key} must be a list of {len(args)} values, got {value!r}")
+        return tuple(_scalar(key, a, v) for a, v in zip(args, value))
+    elif hint is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{key} must be a table, got {value!r}")
+        return {str(k): dict(v) if isinstance(v, Mapping) else v for k, v in value.items()}
+    lo, hi = f.metadata.get("min"), f.metadata.get("max")
+    if lo is not None and value < lo:
+        raise ConfigError(f"{key} must be >= {lo}, got {value!r}")
+    if hi is not None and value > hi:
+        raise ConfigError(f"{key} must be <= {hi}, got {value!r}")
+    return value
+
+
+def _scalar(key: str, hint: type, value: Any) -> Any:
+    if hint is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(f"{key} must hold integers, got {value!r}")
+    return value
+
+
+def _hints(f: dataclasses.Field) -> Any:
+    return f.type if not isinstance(f.type, str) else eval(f.type, {"tuple": tuple, "dict": dict})  # noqa: S307 - our own annotations
+
+
+def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = set(data) - set(fields)
+    if unknown:
+        name = sorted(unknown)[0]
+        where = f"[{prefix}]" if prefix else "the top level"
+        raise ConfigError(f"unknown key {(prefix + '.' if prefix else '') + name!r}; allowed keys in {where}: {', '.join(fields)}")
+    kwargs = {}
+    for name, f in fields.items():
+        if name not in data:
+            continue
+        key = f"{prefix}.{name}" if prefix else name
+        if dataclasses.is_dataclass(f.default_factory if f.default_factory is not dataclasses.MISSING else None):
+            if not isinstance(data[name], Mapping):
+                raise ConfigError(f"[{key}] must be a table")
+            kwargs[name] = _build(f.default_factory, data[name], key)
+        else:
+            kwargs[name] = _coerce(key, f, data[name])
+    return cls(**kwargs)
+
+
+def from_dict(data: Mapping[str, Any], check_choices: bool = True) -> Config:
+    """Build a Config; `check_choices=False` skips registry look-ups (and their heavy imports)
+    for a config the cloud already validated."""
+    config = _build(Config, data, "")
+    if check_choices:
+        validate_choices(config)
+    return config
+
+
+def validate_choices(config: Config) -> None:
+    for section in dataclasses.fields(Config):
+        obj = getattr(config, section.name)
+        for f in dataclasses.fields(obj):
+            if "choices" in f.metadata:
+                allowed = _resolve_choices(f.metadata["choices"])
+                value = getattr(obj, f.name)
+                if value not in allowed:
+                    raise ConfigError(f"bad value for {section.name}.{f.name}: {value!r}; allowed: {', '.join(allowed)}")
+
+
+def to_dict(config: Config) -> dict[str, Any]:
+    return json.loads(json.dumps(dataclasses.asdict(config)))
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise ConfigError(f"--set expects section.key=value, got {text!r}")
+    key, raw = text.split("=", 1)
+    path = [p for p in key.strip().split(".") if p]
+    if len(path) < 2:
+        raise ConfigError(f"--set key must look like section.key, got {key!r}")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return path, value
+
+
+def merge_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for text in overrides:
+        path, value = parse_override(text)
+        node = data
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {text}: {part!r} is not a section")
+        node[path[-1]] = value
+    return data
+
+
+def load(path: str | pathlib.Path | None = None, overrides: list[str] | None = None) -> Config:
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = pathlib.Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        try:
+            data = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{p}: {exc}") from None
+    return from_dict(merge_overrides(data, list(overrides or [])))
+
+
+def to_toml(config: Config) -> str:
+    lines = []
+    tables = []
+    for section, values in to_dict(config).items():
+        lines.append(f"[{section}]")
+        for key, value in values.items():
+            if isinstance(value, dict):
+                for sub, params in value.items():
+                    tables.append((f"{section}.{key}.{sub}", params))
+                continue
+            lines.append(f"{key} = {json.dumps(value)}")
+        lines.append("")
+    for name, params in tables:
+        lines.append(f"[{name}]")
+        lines.extend(f"{k} = {json.dumps(v)}" for k, v in params.items())
+        lines.append("")
+    return "\n".join(lines)
+
+
+def reference() -> str:
+    """Markdown table of every key, its default and meaning (used by the README)."""
+    rows = ["| key | default | meaning |", "|---|---|---|"]
+    defaults = to_dict(Config())
+    for section in dataclasses.fields(Config):
+        for f in dataclasses.fields(section.default_factory):
+            meaning = f.metadata.get("doc", "")
+            choices = f.metadata.get("choices")
+            if choices is not None:
+                meaning += f" (one of: {', '.join(_resolve_choices(choices))})"
+            rows.append(f"| `{section.name}.{f.name}` | `{json.dumps(defaults[section.name][f.name])}` | {meaning} |")
+    return "\n".join(rows)
+

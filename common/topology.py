@@ -1,0 +1,54 @@
+"""Node identities: which edge a device belongs to, and the id strings every tier uses."""
+from __future__ import annotations
+
+import re
+
+EDGE_RE = re.compile(r"^edge-(\d{3,})$")
+DEVICE_RE = re.compile(r"^dev-(\d{5,})$")
+
+
+def edge_id(index: int) -> str:
+    return f"edge-{index:03d}"
+
+
+def device_id(index: int) -> str:
+    return f"dev-{index:05d}"
+
+
+def edge_ids(cfg) -> list[str]:
+    return [edge_id(e) for e in range(cfg.topology.edges)]
+
+
+def edge_members(cfg, edge_index: int) -> list[str]:
+    m = cfg.topology.devices_per_edge
+    return [device_id(g) for g in range(edge_index * m, (edge_index + 1) * m)]
+
+
+def parse_index(node_id: str, pattern: re.Pattern) -> int | None:
+    match = pattern.match(node_id)
+    return int(match.group(1)) if match else None
+
+
+def edge_index(node_id: str) -> int:
+    """Accept 'edge-003' or '3'."""
+    if node_id.isdigit():
+        return int(node_id)
+    index = parse_index(node_id, EDGE_RE)
+    if index is None:
+        raise ValueError(f"bad edge id {node_id!r}: expected edge-NNN or an integer")
+    return index
+
+
+def device_index(node_id: str) -> int:
+    index = parse_index(node_id, DEVICE_RE)
+    if index is None:
+        raise ValueError(f"bad device id {node_id!r}: expected dev-NNNNN")
+    return index
+
+
+def host_slice(members: list[str], host_index: int, hosts: int) -> list[str]:
+    """Contiguous share of a cluster's devices for one of `hosts` device-host processes."""
+    if not 0 <= host_index < hosts:
+        raise ValueError(f"host index {host_index} outside [0, {hosts})")
+    n = len(members)
+    return members[host_index * n // hosts:(host_index + 1) * n // hosts]

@@ -1,0 +1,127 @@
+"""Wire codec: float vectors <-> hfl.v1.Tensor, envelopes <-> chunk streams, and input validation.
+
+Tensors travel as dtype + shape + encoding + bytes; nothing is ever pickled.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import AsyncIterator, Iterator
+
+import grpc
+import numpy as np
+
+from hfl.proto import hfl_v1_pb2 as pb
+
+from .registry import Registry
+
+
+class WireError(Exception):
+    """A message that must be refused; carries the gRPC status the sender gets."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, reason: str = "invalid"):
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class RawCodec:
+    """Little-endian array of `dtype`, decoded to float32."""
+
+    name: str
+    dtype: str
+
+    def encode(self, vec: np.ndarray, tensor_name: str) -> pb.Tensor:
+        data = np.ascontiguousarray(vec, dtype=np.dtype(self.dtype).newbyteorder("<")).tobytes()
+        return pb.Tensor(name=tensor_name, dtype=self.dtype, shape=list(vec.shape), encoding=self.name, data=data)
+
+    def decode(self, tensor: pb.Tensor) -> np.ndarray:
+        if tensor.dtype != self.dtype:
+            raise WireError(grpc.StatusCode.INVALID_ARGUMENT,
+                            f"tensor {tensor.name!r}: encoding {self.name!r} carries dtype {self.dtype}, got {tensor.dtype!r}",
+                            "bad_dtype")
+        count = int(np.prod(tensor.shape)) if len(tensor.shape) else 1
+        itemsize = np.dtype(self.dtype).itemsize
+        if len(tensor.data) != count * itemsize:
+            raise WireError(grpc.StatusCode.INVALID_ARGUMENT,
+                            f"tensor {tensor.name!r}: {len(tensor.data)} bytes for shape {list(tensor.shape)} of {self.dtype}",
+                            "bad_size")
+        arr = np.frombuffer(tensor.data, dtype=np.dtype(self.dtype).newbyteorder("<"))
+        return arr.astype(np.float32).reshape(tuple(tensor.shape))
+
+    def bits(self, count: int) -> int:
+        return count * np.dtype(self.dtype).itemsize * 8
+
+
+CODECS: Registry = Registry("encoding")
+CODECS.register("float32", RawCodec("float32", "float32"))
+CODECS.register("float16", RawCodec("float16", "float16"))
+
+
+def encode(vec: np.ndarray, encoding: str, tensor_name: str) -> pb.Tensor:
+    return CODECS.get(encoding).encode(vec, tensor_name)
+
+
+def decode_vector(tensor: pb.Tensor, expected_len: int) -> np.ndarray:
+    """Decode a flat parameter-sized vector, refusing unknown encodings, wrong shapes and non-finite values."""
+    if tensor.encoding not in CODECS:
+        raise WireError(grpc.StatusCode.INVALID_ARGUMENT,
+                        f"tensor {tensor.name!r}: unknown encoding {tensor.encoding!r}; allowed: {', '.join(CODECS.names())}",
+                        "bad_encoding")
+    if list(tensor.shape) != [expected_len]:
+        raise WireError(grpc.StatusCode.INVALID_ARGUMENT,
+                        f"tensor {tensor.name!r}: shape {list(tensor.shape)}, expected [{expected_len}]", "bad_shape")
+    vec = CODECS.get(tensor.encoding).decode(tensor)
+    if not np.isfinite(vec).all():
+        raise WireError(grpc.StatusCode.INVALID_ARGUMENT,
+                        f"tensor {tensor.name!r}: {int((~np.isfinite(vec)).sum())} non-finite values (NaN or inf)",
+                        "non_finite")
+    return vec
+
+
+def single_tensor(envelope: pb.Envelope, name: str) -> pb.Tensor:
+    found = [t for t in envelope.tensors if t.name == name]
+    if len(found) != 1 or len(envelope.tensors) != 1:
+        raise WireError(grpc.StatusCode.INVALID_ARGUMENT,
+                        f"expected exactly one tensor named {name!r}, got {[t.name for t in envelope.tensors]}",
+                        "bad_tensors")
+    return found[0]
+
+
+def to_chunks(payload: bytes, chunk_bytes: int) -> Iterator[pb.Chunk]:
+    view = memoryview(payload)
+    if not payload:
+        yield pb.Chunk(data=b"")
+    for start in range(0, len(payload), chunk_bytes):
+        yield pb.Chunk(data=bytes(view[start:start + chunk_bytes]))
+
+
+def chunked(envelope: pb.Envelope, chunk_bytes: int) -> list[pb.Chunk]:
+    return list(to_chunks(envelope.SerializeToString(), chunk_bytes))
+
+
+async def read_envelope(chunks: AsyncIterator[pb.Chunk], max_bytes: int) -> tuple[pb.Envelope, int]:
+    """Reassemble a chunk stream, refusing payloads over `max_bytes` before they are buffered whole."""
+    parts = []
+    size = 0
+    async for chunk in chunks:
+        size += len(chunk.data)
+        if size > max_bytes:
+            raise WireError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                            f"payload exceeds the {max_bytes} byte limit", "oversized")
+        parts.append(chunk.data)
+    return parse_envelope(b"".join(parts)), size
+
+
+def parse_envelope(payload: bytes) -> pb.Envelope:
+    envelope = pb.Envelope()
+    try:
+        envelope.ParseFromString(payload)
+    except Exception as exc:  # protobuf raises DecodeError, but be defensive about malformed input
+        raise WireError(grpc.StatusCode.INVALID_ARGUMENT, f"malformed envelope: {exc}", "malformed") from None
+    return envelope
+
+
+def read_envelope_sync(chunks: Iterator[pb.Chunk]) -> tuple[pb.Envelope, int]:
+    payload = b"".join(c.data for c in chunks)
+    return parse_envelope(payload), len(payload)

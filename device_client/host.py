@@ -1,0 +1,195 @@
+"""A device host: one OS process emulating many devices, each with its own identity, shard,
+random stream and gRPC channel to its edge. Training runs off the event loop on one worker thread."""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import logging
+import time
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+import torch
+
+from hfl.common import config as config_mod
+from hfl.common import plans, rpc, topology, wire
+from hfl.common.data import load_dataset
+from hfl.common.models import build, num_parameters
+from hfl.common.partition import partition
+from hfl.common.pipeline import Link
+from hfl.common.seeding import numpy_rng, torch_generator
+from hfl.proto import hfl_v1_pb2 as pb
+from hfl.proto import hfl_v1_pb2_grpc as pbg
+
+from .training import Shard, local_sgd, make_shard, minibatch_gradient
+
+log = logging.getLogger("hfl.devices")
+
+
+class DeviceDropped(Exception):
+    pass
+
+
+def device_shards(cfg, ids: list[str]) -> tuple[dict[str, Shard], object]:
+    """Load the dataset, partition it over all devices of the run (same on every host), keep ours."""
+    data = load_dataset(cfg.data)
+    parts = partition(data.y_train, cfg.num_devices, numpy_rng(cfg.run.seed, "data", "partition"), cfg.data)
+    shards = {}
+    for node in ids:
+        idx = parts[topology.device_index(node)]
+        shards[node] = make_shard(data.x_train[idx], data.y_train[idx], data.mean, data.std)
+    return shards, data
+
+
+@dataclass
+class Trainer:
+    """Shares one model object and one worker thread among the host's devices (training is serialised)."""
+
+    model: torch.nn.Module
+    executor: concurrent.futures.ThreadPoolExecutor
+
+    async def run(self, fn, *args, **kwargs):
+        return await asyncio.get_running_loop().run_in_executor(self.executor, lambda: fn(self.model, *args, **kwargs))
+
+
+class Device:
+    def __init__(self, node_id: str, cfg, run_id: str, shard: Shard, trainer: Trainer, stub: pbg.EdgeServiceStub,
+                 chan: grpc.aio.Channel, dim: int):
+        self.id = node_id
+        self.dim = dim
+        self.index = topology.device_index(node_id)
+        self.cfg = cfg
+        self.run_id = run_id
+        self.shard = shard
+        self.trainer = trainer
+        self.stub = stub
+        self.chan = chan
+        self.uplink = Link.from_config(cfg.pipeline, "uplink")
+        self.downlink = Link.from_config(cfg.pipeline, "downlink")
+        self.chunk_bytes = cfg.net.chunk_kib * 1024
+        self.max_bytes = cfg.net.max_message_mb << 20
+        self.rounds_done = 0
+
+    def _gen(self, round_: int, step: int) -> torch.Generator:
+        return torch_generator(self.cfg.run.seed, "device", self.index, round_, step, "batches")
+
+    async def _fetch(self, after: int) -> pb.Envelope:
+        call = self.stub.FetchRound(pb.FetchRequest(run_id=self.run_id, node_id=self.id, after_round=after))
+        envelope, _ = await wire.read_envelope(call, self.max_bytes)
+        return envelope
+
+    async def _exchange(self, envelope: pb.Envelope) -> pb.Envelope:
+        call = self.stub.Exchange(iter(wire.chunked(envelope, self.chunk_bytes)))
+        try:
+            reply, _ = await wire.read_envelope(call, self.max_bytes)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                raise DeviceDropped(exc.details()) from None
+            raise
+        return reply
+
+    def _upload(self, task: pb.RoundTask, step: int, name: str, vec: np.ndarray, scalars: dict) -> pb.Envelope:
+        tensor, transforms = self.uplink.send(vec, name, self.cfg.run.seed, self.index, task.round, step)
+        meta = pb.Meta(run_id=self.run_id, round=task.round, phase=task.phases[step].kind, step=step,
+                       sender_id=self.id, num_samples=len(self.shard), transforms=transforms, num_devices=1)
+        return pb.Envelope(meta=meta, tensors=[tensor], scalars=scalars)
+
+    async def run(self) -> str:
+        after = -1
+        try:
+            while True:
+                envelope = await self._fetch(after)
+                task = envelope.task
+                if task.finished:
+                    return "finished"
+                await self._round(task, envelope)
+                after = task.round
+                self.rounds_done += 1
+        except DeviceDropped as exc:
+            log.warning("%s dropped by its edge: %s", self.id, exc)
+            return "dropped"
+
+    async def _round(self, task: pb.RoundTask, envelope: pb.Envelope) -> None:
+        dim = self.dim
+        w, _ = self.downlink.receive(wire.single_tensor(envelope, "model"), dim, self.cfg.run.seed, self.index, task.round, -1)
+        anchor = w.copy()
+        losses: list[float] = []
+        batch = self.cfg.train.batch_size
+        for step, phase in enumerate(task.phases):
+            p = phase.params
+            if phase.kind == plans.LOCAL_SGD:
+                steps = int(p["steps"]) if "steps" in p else None
+                epochs = int(p["epochs"]) if "epochs" in p else None
+                w, loss, taken = await self.trainer.run(local_sgd, w, self.shard, p["lr"], batch, self._gen(task.round, step),
+                                                        steps=steps, epochs=epochs)
+                if taken:
+                    losses.append(loss)
+            elif phase.kind == plans.EDGE_GRADIENT_STEP:
+                grad, loss = await self.trainer.run(minibatch_gradient, w, self.shard, batch, self._gen(task.round, step))
+                losses.append(loss)
+                reply = await self._exchange(self._upload(task, step, "gradient", grad, {"train_loss": loss}))
+                g, _ = self.downlink.receive(wire.single_tensor(reply, "gradient"), dim, self.cfg.run.seed, self.index,
+                                             task.round, step)
+                w = w - np.float32(p["lr"]) * g
+                anchor = anchor - np.float32(p["lr"]) * g
+            elif phase.kind == plans.EDGE_MODEL_SYNC:
+                scalars = {"train_loss": float(np.mean(losses))} if losses else {}
+                reply = await self._exchange(self._upload(task, step, "delta", w - anchor, scalars))
+                if plans.downlink_after(task.phases, step):
+                    w, _ = self.downlink.receive(wire.single_tensor(reply, "model"), dim, self.cfg.run.seed, self.index,
+                                                 task.round, step)
+                    anchor = w.copy()
+                losses = []
+            # cloud_sync: nothing to do on a device; the next round task carries the new global model
+
+
+class DeviceHost:
+    def __init__(self, edge_address: str, host_index: int = 0, hosts: int = 1, credentials=None,
+                 override_host: str | None = None, wait_s: float = 300.0):
+        self.edge_address = edge_address
+        self.host_index = host_index
+        self.hosts = hosts
+        self.credentials = credentials
+        self.override_host = override_host
+        self.wait_s = wait_s
+
+    def _channel(self, chunk_bytes: int) -> grpc.aio.Channel:
+        return rpc.channel(self.edge_address, chunk_bytes, self.credentials, self.override_host)
+
+    async def run(self) -> int:
+        started = time.monotonic()
+        probe = self._channel(2 << 20)
+        await rpc.wait_serving(probe, self.wait_s, f"edge {self.edge_address}")
+        reply = await pbg.EdgeServiceStub(probe).Register(pb.RegisterRequest(node_id=""))
+        await probe.close()
+        cfg = config_mod.from_dict(json.loads(reply.spec_json)["config"])
+        torch.set_num_threads(cfg.train.torch_threads)
+        ids = topology.host_slice(list(reply.members), self.host_index, self.hosts)
+        if not ids:
+            log.warning("no devices for host %d of %d on %s", self.host_index, self.hosts, reply.cluster_id)
+            return 0
+        log.info("host %d/%d of %s: %d devices (%s..%s)", self.host_index, self.hosts, reply.cluster_id, len(ids), ids[0], ids[-1])
+        executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="train")
+        try:
+            shards, data = await asyncio.get_running_loop().run_in_executor(executor, device_shards, cfg, ids)
+            model = build(cfg.model.name, data.input_shape, data.num_classes)
+            del data
+            trainer = Trainer(model, executor)
+            chunk = cfg.net.chunk_kib * 1024
+            devices = []
+            for node in ids:
+                chan = self._channel(chunk)
+                stub = pbg.EdgeServiceStub(chan)
+                await stub.Register(pb.RegisterRequest(run_id=reply.run_id, node_id=node, num_samples=len(shards[node])),
+                                    wait_for_ready=True)
+                devices.append(Device(node, cfg, reply.run_id, shards[node], trainer, stub, chan, num_parameters(model)))
+            log.info("%d devices registered in %.1fs", len(devices), time.monotonic() - started)
+            outcomes = await asyncio.gather(*(d.run() for d in devices))
+            for d in devices:
+                await d.chan.close()
+            log.info("devices done: %s", {o: outcomes.count(o) for o in set(outcomes)})
+            return 0
+        finally:
+            executor.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,98 @@
+"""Local training as pure functions of (model architecture, flat weights, shard, generator)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from hfl.common.models import get_flat, set_flat
+
+
+@dataclass(frozen=True)
+class Shard:
+    """A device's samples: uint8 images normalised per batch, so a host keeps 1 byte per pixel."""
+
+    x: torch.Tensor  # uint8 (n, C, H, W)
+    y: torch.Tensor  # int64 (n,)
+    mean: torch.Tensor  # (1, C, 1, 1)
+    std: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.x[idx].to(torch.float32).div_(255.0).sub_(self.mean).div_(self.std)
+        return x, self.y[idx]
+
+
+def make_shard(x: np.ndarray, y: np.ndarray, mean, std) -> Shard:
+    c = x.shape[1]
+    return Shard(torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(np.ascontiguousarray(y)),
+                 torch.tensor(mean, dtype=torch.float32).view(1, c, 1, 1),
+                 torch.tensor(std, dtype=torch.float32).view(1, c, 1, 1))
+
+
+def _batches(n: int, batch_size: int, steps: int | None, epochs: int | None, gen: torch.Generator):
+    if epochs is not None:
+        for _ in range(epochs):
+            perm = torch.randperm(n, generator=gen)
+            yield from perm.split(batch_size)
+    else:
+        for _ in range(steps or 0):
+            yield torch.randperm(n, generator=gen)[:batch_size]
+
+
+def _loss_and_backward(model: nn.Module, shard: Shard, idx: torch.Tensor) -> float:
+    x, y = shard.batch(idx)
+    model.zero_grad(set_to_none=True)
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    return float(loss.detach())
+
+
+def local_sgd(model: nn.Module, w: np.ndarray, shard: Shard, lr: float, batch_size: int, gen: torch.Generator,
+              steps: int | None = None, epochs: int | None = None) -> tuple[np.ndarray, float, int]:
+    """Plain SGD from `w`: `steps` random mini-batches, or `epochs` passes over shuffled data.
+
+    Returns (new weights, mean mini-batch loss, steps taken)."""
+    set_flat(model, w)
+    model.train()
+    params = [p for p in model.parameters()]
+    total, count = 0.0, 0
+    for idx in _batches(len(shard), batch_size, steps, epochs, gen):
+        total += _loss_and_backward(model, shard, idx)
+        count += 1
+        with torch.no_grad():
+            for p in params:
+                p.add_(p.grad, alpha=-lr)
+    return get_flat(model), (total / count if count else float("nan")), count
+
+
+def minibatch_gradient(model: nn.Module, w: np.ndarray, shard: Shard, batch_size: int, gen: torch.Generator
+                       ) -> tuple[np.ndarray, float]:
+    """Gradient of the mean loss over one uniformly drawn mini-batch, as a flat float32 vector."""
+    set_flat(model, w)
+    model.train()
+    idx = torch.randperm(len(shard), generator=gen)[:batch_size]
+    loss = _loss_and_backward(model, shard, idx)
+    grad = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    return grad.numpy().astype(np.float32, copy=True), loss
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, w: np.ndarray, shard: Shard, batch_size: int = 1000) -> tuple[float, float]:
+    """(accuracy, mean cross-entropy) of weights `w` on `shard`."""
+    set_flat(model, w)
+    model.eval()
+    correct, loss_sum = 0, 0.0
+    for start in range(0, len(shard), batch_size):
+        idx = torch.arange(start, min(start + batch_size, len(shard)))
+        x, y = shard.batch(idx)
+        logits = model(x)
+        loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
+        correct += int((logits.argmax(1) == y).sum())
+    n = max(1, len(shard))
+    return correct / n, loss_sum / n

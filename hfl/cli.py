@@ -1,0 +1,184 @@
+"""`hfl`: one entry point for the whole emulator.
+
+    hfl run [CONFIG] [--set section.key=value ...] [--out DIR]   everything on 127.0.0.1, live progress
+    hfl cloud | edge | devices ...                                one role (containers, real machines)
+    hfl config [CONFIG] [--set ...] [--reference]                 print the resolved config or the key reference
+    hfl health ADDRESS                                            probe a server's gRPC health service
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+import time
+
+
+def _setup_logging(role: str) -> None:
+    logging.basicConfig(level=os.environ.get("HFL_LOG_LEVEL", "INFO"), stream=sys.stderr,
+                        format=f"%(asctime)s {role} %(name)s %(levelname)s %(message)s")
+    logging.getLogger("asyncio").setLevel(logging.WARNING)
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", nargs="?", help="TOML config file (default: built-in defaults)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one config value (repeatable)")
+
+
+def _run_async(coro_factory) -> int:
+    """Run a role's coroutine; SIGTERM/SIGINT cancel it so servers stop gracefully."""
+    async def main() -> int:
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+        return await coro_factory()
+
+    try:
+        return asyncio.run(main())
+    except asyncio.CancelledError:
+        logging.getLogger("hfl").warning("stopped by signal")
+        return 143
+    except Exception:
+        logging.getLogger("hfl").exception("fatal error")
+        return 1
+
+
+def cmd_cloud(args) -> int:
+    from hfl.cloud_server.service import serve
+    from hfl.common import config as config_mod
+
+    cfg = config_mod.load(args.config, args.overrides)
+    tls = _tls(args, "cloud")
+    return _run_async(lambda: serve(cfg, args.listen, args.run_dir, args.port_file, **tls.server_kwargs()))
+
+
+def cmd_edge(args) -> int:
+    from hfl.edge_server.service import serve
+
+    tls = _tls(args, "edge")
+    return _run_async(lambda: serve(args.id, args.listen, args.cloud, args.port_file, wait_s=args.wait,
+                                    **tls.edge_kwargs(args.id)))
+
+
+def cmd_devices(args) -> int:
+    from hfl.device_client.host import DeviceHost
+
+    tls = _tls(args, "devices")
+    host = DeviceHost(args.edge, args.host_index, args.hosts, wait_s=args.wait, **tls.client_kwargs())
+    return _run_async(host.run)
+
+
+def _tls(args, role: str):
+    from hfl.common.tls import TlsOptions
+
+    return TlsOptions.from_args(args, role)
+
+
+def cmd_config(args) -> int:
+    from hfl.common import config as config_mod
+
+    if args.reference:
+        print(config_mod.reference())
+    else:
+        print(config_mod.to_toml(config_mod.load(args.config, args.overrides)), end="")
+    return 0
+
+
+def cmd_health(args) -> int:
+    from hfl.common.rpc import check_health_sync
+
+    try:
+        status = check_health_sync(args.address, args.timeout, **_tls(args, "probe").probe_kwargs())
+    except Exception as exc:  # the probe's whole job is to say "no"
+        print(f"{args.address}: {exc.__class__.__name__}: {getattr(exc, 'details', lambda: exc)()}", file=sys.stderr)
+        return 1
+    print(f"{args.address}: {status}")
+    return 0 if status == "SERVING" else 1
+
+
+def cmd_run(args) -> int:
+    from hfl.common.config import ConfigError
+    from hfl.launcher import run_with_progress
+
+    try:
+        return run_with_progress(args.config, args.overrides, args.out, quiet=args.quiet)
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _add_tls_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("mutual TLS (all three or none)")
+    g.add_argument("--ca", help="CA certificate (PEM) that signs every node")
+    g.add_argument("--cert", help="this node's certificate (PEM)")
+    g.add_argument("--key", help="this node's private key (PEM)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hfl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("run", help="run a whole experiment on this machine with live progress")
+    _add_config_args(p)
+    p.add_argument("--out", help="run directory (default: runs/NAME-TIMESTAMP)")
+    p.add_argument("--quiet", action="store_true", help="no live progress, one line per round")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("cloud", help="start the cloud server (drives the run)")
+    _add_config_args(p)
+    p.add_argument("--listen", default="0.0.0.0:50051", help="address to serve edges on")
+    p.add_argument("--run-dir", default="runs/cloud", help="where metrics, summary and plot go")
+    p.add_argument("--port-file", help="write the bound port here once listening")
+    _add_tls_args(p)
+    p.set_defaults(func=cmd_cloud)
+
+    p = sub.add_parser("edge", help="start one edge server")
+    p.add_argument("--id", required=True, help="edge id: edge-NNN or its index")
+    p.add_argument("--listen", default="0.0.0.0:50061", help="address to serve devices on")
+    p.add_argument("--cloud", required=True, help="cloud address HOST:PORT")
+    p.add_argument("--port-file", help="write the bound port here once listening")
+    p.add_argument("--wait", type=float, default=300.0, help="seconds to wait for the cloud to be SERVING")
+    _add_tls_args(p)
+    p.set_defaults(func=cmd_edge)
+
+    p = sub.add_parser("devices", help="start one device host (many emulated devices of one edge)")
+    p.add_argument("--edge", required=True, help="edge address HOST:PORT")
+    p.add_argument("--host-index", type=int, default=0, help="which share of the cluster's devices to emulate")
+    p.add_argument("--hosts", type=int, default=1, help="how many hosts share the cluster")
+    p.add_argument("--wait", type=float, default=300.0, help="seconds to wait for the edge to be SERVING")
+    _add_tls_args(p)
+    p.set_defaults(func=cmd_devices)
+
+    p = sub.add_parser("config", help="print the resolved config (or --reference: every key)")
+    _add_config_args(p)
+    p.add_argument("--reference", action="store_true", help="print the table of every key, default and meaning")
+    p.set_defaults(func=cmd_config)
+
+    p = sub.add_parser("health", help="exit 0 if the server at ADDRESS reports SERVING")
+    p.add_argument("address")
+    p.add_argument("--timeout", type=float, default=3.0)
+    _add_tls_args(p)
+    p.set_defaults(func=cmd_health)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command in ("cloud", "edge", "devices"):
+        _setup_logging(args.command)
+        from hfl.common.config import ConfigError
+
+        try:
+            return args.func(args)
+        except (ConfigError, ValueError) as exc:
+            logging.getLogger("hfl").error("%s", exc)
+            return 2
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

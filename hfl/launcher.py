@@ -1,0 +1,82 @@
+"""`hfl run`: a Testbed on 127.0.0.1 with a live progress display; non-zero exit if any process fails."""
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from hfl.testbed import Testbed, TestbedError
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def _table(bed: Testbed, rows: list[dict], started: float, phase: str) -> Table:
+    cfg = bed.cfg
+    table = Table(title=f"hfl run: {cfg.run.algorithm}, {cfg.topology.edges} edges x {cfg.topology.devices_per_edge} devices, "
+                        f"{cfg.data.dataset} / {cfg.model.name}  [{phase}]", title_justify="left")
+    for col in ("round", "accuracy", "loss", "train loss", "bytes up", "bytes down", "refused", "elapsed"):
+        table.add_column(col, justify="right")
+    for r in rows[-12:]:
+        acc = "-" if r["accuracy"] is None else f"{100 * r['accuracy']:.2f}%"
+        loss = "-" if r["loss"] is None else f"{r['loss']:.4f}"
+        train = "-" if r.get("train_loss") is None else f"{r['train_loss']:.4f}"
+        table.add_row(f"{r['round'] + 1}/{cfg.run.rounds}", acc, loss, train, _fmt_bytes(r["bytes_up"]),
+                      _fmt_bytes(r["bytes_down"]), str(r["refused"]), f"{r['wall_seconds']:.1f}s")
+    if len(rows) < cfg.run.rounds:
+        table.add_row(f"{len(rows) + 1}/{cfg.run.rounds}", "...", "", "", "", "", "", f"{time.monotonic() - started:.1f}s")
+    return table
+
+
+def run_with_progress(config, overrides, out=None, quiet: bool = False) -> int:
+    console = Console(stderr=True)
+    bed = Testbed(config, overrides, run_dir=out)
+    started = time.monotonic()
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    rows: list[dict] = []
+    try:
+        console.print(f"run directory: {bed.run_dir}")
+        bed.start()
+        if quiet or not console.is_terminal:
+            for row in bed.iter_metrics(timeout=24 * 3600):
+                rows.append(row)
+                acc = "-" if row["accuracy"] is None else f"{100 * row['accuracy']:.2f}%"
+                console.print(f"round {row['round'] + 1}/{bed.cfg.run.rounds}  accuracy {acc}  "
+                              f"up {_fmt_bytes(row['bytes_up'])}  down {_fmt_bytes(row['bytes_down'])}  "
+                              f"{row['wall_seconds']:.1f}s")
+        else:
+            with Live(_table(bed, rows, started, "starting"), console=console, refresh_per_second=4) as live:
+                gen = bed.iter_metrics(timeout=24 * 3600, poll=0.25)
+                while True:
+                    try:
+                        rows.append(next(gen))
+                    except StopIteration:
+                        break
+                    live.update(_table(bed, rows, started, "running"))
+                live.update(_table(bed, rows, started, "done"))
+        summary = bed.wait(timeout=120)
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted: stopping every process[/yellow]")
+        bed.close()
+        return 130
+    except TestbedError as exc:
+        console.print(f"[red]run failed[/red]: {exc}")
+        console.print(f"logs: {bed.logs}")
+        return 1
+    finally:
+        bed.close()
+    console.print(f"final accuracy {100 * summary['final_accuracy']:.2f}% after {summary['rounds']} rounds "
+                  f"in {summary['wall_seconds']:.1f}s ({summary['algorithm']}, seed {summary['seed']})")
+    console.print(f"results: {bed.run_dir}/metrics.jsonl, summary.json, accuracy.png; logs in {bed.logs}")
+    print(json.dumps(summary), file=sys.stdout) if quiet else None
+    return 0

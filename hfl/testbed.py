@@ -1,0 +1,232 @@
+"""Start a whole testbed (cloud, edges, device hosts) as real processes on 127.0.0.1 with free ports.
+
+    from hfl.testbed import Testbed
+    with Testbed(overrides=["run.rounds=3"]) as tb:
+        summary = tb.wait(timeout=300)
+        print(tb.metrics()[-1]["accuracy"], tb.run_dir)
+
+This is the engine behind `hfl run` and the `hfl_testbed` pytest fixture. Every child is tied to
+this process (it gets SIGTERM if we die) and `close()` kills whatever is left, also on errors.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+from hfl.common import config as config_mod
+from hfl.common import metrics
+from hfl.common.topology import edge_id
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+    os.setsid()
+
+
+class TestbedError(RuntimeError):
+    pass
+
+
+@dataclass
+class Node:
+    name: str
+    argv: list[str]
+    log_path: pathlib.Path
+    proc: subprocess.Popen | None = None
+    expected_exit: bool = False  # killed on purpose: its death is not a failure
+    address: str | None = None
+
+    def returncode(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+
+def _log_tail(path: pathlib.Path, lines: int = 25) -> str:
+    if not path.exists():
+        return "(no log)"
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+@dataclass
+class Testbed:
+    config: config_mod.Config | str | os.PathLike | None = None
+    overrides: Sequence[str] = ()
+    run_dir: str | os.PathLike | None = None
+    skip_hosts: Sequence[str] = ()          # device hosts not to start, e.g. "devices-001-2" (a test plays them)
+    start_timeout: float = 180.0
+    env: dict | None = None
+    extra_args: dict = field(default_factory=dict)  # role -> extra CLI args (e.g. TLS flags)
+    nodes: dict[str, Node] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.config, config_mod.Config):
+            cfg = self.config
+            if self.overrides:
+                cfg = config_mod.from_dict(config_mod.merge_overrides(config_mod.to_dict(cfg), list(self.overrides)))
+        else:
+            cfg = config_mod.load(self.config, list(self.overrides))
+        self.cfg = cfg
+        if self.run_dir is None:
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            self.run_dir = pathlib.Path("runs") / f"{cfg.run.name}-{stamp}"
+        self.run_dir = pathlib.Path(self.run_dir).resolve()
+        self.logs = self.run_dir / "logs"
+        self.ports = self.run_dir / "ports"
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    def __enter__(self) -> "Testbed":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _spawn(self, name: str, args: list[str]) -> Node:
+        argv = [sys.executable, "-m", "hfl.cli", *args, *self.extra_args.get(name.split("-")[0], [])]
+        node = Node(name, argv, self.logs / f"{name}.log")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **(self.env or {}))
+        with open(node.log_path, "ab") as log:
+            node.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                         preexec_fn=_die_with_parent)
+        self.nodes[name] = node
+        return node
+
+    def _wait_port(self, node: Node, deadline: float) -> str:
+        port_file = self.ports / node.name
+        while time.monotonic() < deadline:
+            if port_file.exists():
+                node.address = f"127.0.0.1:{port_file.read_text().strip()}"
+                return node.address
+            if node.returncode() is not None:
+                raise TestbedError(f"{node.name} exited with {node.returncode()} before listening:\n{_log_tail(node.log_path)}")
+            time.sleep(0.05)
+        raise TestbedError(f"{node.name} did not listen within {self.start_timeout}s:\n{_log_tail(node.log_path)}")
+
+    def start(self) -> "Testbed":
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.logs.mkdir(exist_ok=True)
+        self.ports.mkdir(exist_ok=True)
+        for stale in self.ports.glob("*"):
+            stale.unlink()
+        config_path = self.run_dir / "config.toml"
+        config_path.write_text(config_mod.to_toml(self.cfg))
+        deadline = time.monotonic() + self.start_timeout
+        try:
+            cloud = self._spawn("cloud", ["cloud", str(config_path), "--listen", "127.0.0.1:0", "--run-dir", str(self.run_dir),
+                                          "--port-file", str(self.ports / "cloud")])
+            cloud_address = self._wait_port(cloud, deadline)
+            edges = []
+            for e in range(self.cfg.topology.edges):
+                name = edge_id(e)
+                edges.append(self._spawn(name, ["edge", "--id", name, "--listen", "127.0.0.1:0", "--cloud", cloud_address,
+                                                "--port-file", str(self.ports / name)]))
+            for e, edge in enumerate(edges):
+                address = self._wait_port(edge, deadline)
+                for h in range(self.cfg.topology.hosts_per_edge):
+                    name = f"devices-{e:03d}-{h}"
+                    if name not in self.skip_hosts:
+                        self._spawn(name, ["devices", "--edge", address, "--host-index", str(h),
+                                           "--hosts", str(self.cfg.topology.hosts_per_edge)])
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    @property
+    def cloud_address(self) -> str:
+        return self.nodes["cloud"].address
+
+    @property
+    def edge_addresses(self) -> list[str]:
+        return [self.nodes[edge_id(e)].address for e in range(self.cfg.topology.edges)]
+
+    def failures(self) -> list[Node]:
+        return [n for n in self.nodes.values() if n.returncode() not in (None, 0) and not n.expected_exit]
+
+    def running(self) -> list[Node]:
+        return [n for n in self.nodes.values() if n.returncode() is None]
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Stop one node on purpose (SIGKILL by default: a crash); its death is not counted as a failure."""
+        node = self.nodes[name]
+        node.expected_exit = True
+        if node.returncode() is None:
+            os.killpg(node.proc.pid, sig)
+            node.proc.wait(timeout=30)
+
+    def close(self, grace: float = 5.0) -> None:
+        """Terminate every process still running (SIGTERM, then SIGKILL after `grace`)."""
+        alive = self.running()
+        for node in alive:
+            try:
+                os.killpg(node.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace
+        for node in alive:
+            try:
+                node.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(node.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                node.proc.wait()
+
+    # ---- results ------------------------------------------------------------------------------
+    def metrics(self) -> list[dict]:
+        return metrics.read_jsonl(self.run_dir / "metrics.jsonl")
+
+    def iter_metrics(self, timeout: float = 600.0, poll: float = 0.2) -> Iterator[dict]:
+        """Yield each round's metrics as the cloud writes them, until the run ends."""
+        seen = 0
+        deadline = time.monotonic() + timeout
+        while True:
+            rows = self.metrics()
+            yield from rows[seen:]
+            seen = len(rows)
+            self._raise_on_failure()
+            if self.nodes["cloud"].returncode() == 0:
+                yield from self.metrics()[seen:]
+                return
+            if time.monotonic() > deadline:
+                raise TestbedError(f"run did not finish within {timeout}s")
+            time.sleep(poll)
+
+    def _raise_on_failure(self) -> None:
+        failed = self.failures()
+        if failed:
+            detail = "\n".join(f"--- {n.name} exited {n.returncode()}:\n{_log_tail(n.log_path)}" for n in failed)
+            self.close()
+            raise TestbedError(f"{', '.join(n.name for n in failed)} failed\n{detail}")
+
+    def wait(self, timeout: float = 600.0) -> dict:
+        """Wait until the cloud finished and every other process exited; return summary.json."""
+        for _ in self.iter_metrics(timeout):
+            pass
+        deadline = time.monotonic() + 30
+        while self.running() and time.monotonic() < deadline:
+            self._raise_on_failure()
+            time.sleep(0.1)
+        self._raise_on_failure()
+        lingering = [n.name for n in self.running()]
+        if lingering:
+            self.close()
+            raise TestbedError(f"processes still running 30s after the cloud finished: {lingering}")
+        return self.summary()
+
+    def summary(self) -> dict:
+        import json
+
+        return json.loads((self.run_dir / "summary.json").read_text())

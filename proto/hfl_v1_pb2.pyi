@@ -1,0 +1,152 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Tensor(_message.Message):
+    __slots__ = ("name", "dtype", "shape", "encoding", "data")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    ENCODING_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    encoding: str
+    data: bytes
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., encoding: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class Transform(_message.Message):
+    __slots__ = ("stage", "name", "tier", "bits", "params")
+    class ParamsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    BITS_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    stage: str
+    name: str
+    tier: str
+    bits: int
+    params: _containers.ScalarMap[str, float]
+    def __init__(self, stage: _Optional[str] = ..., name: _Optional[str] = ..., tier: _Optional[str] = ..., bits: _Optional[int] = ..., params: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class Meta(_message.Message):
+    __slots__ = ("run_id", "round", "phase", "step", "sender_id", "num_samples", "transforms", "num_devices")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    SENDER_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    TRANSFORMS_FIELD_NUMBER: _ClassVar[int]
+    NUM_DEVICES_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    round: int
+    phase: str
+    step: int
+    sender_id: str
+    num_samples: int
+    transforms: _containers.RepeatedCompositeFieldContainer[Transform]
+    num_devices: int
+    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., phase: _Optional[str] = ..., step: _Optional[int] = ..., sender_id: _Optional[str] = ..., num_samples: _Optional[int] = ..., transforms: _Optional[_Iterable[_Union[Transform, _Mapping]]] = ..., num_devices: _Optional[int] = ...) -> None: ...
+
+class Phase(_message.Message):
+    __slots__ = ("kind", "params")
+    class ParamsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    params: _containers.ScalarMap[str, float]
+    def __init__(self, kind: _Optional[str] = ..., params: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class RoundTask(_message.Message):
+    __slots__ = ("round", "phases", "finished")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    PHASES_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    phases: _containers.RepeatedCompositeFieldContainer[Phase]
+    finished: bool
+    def __init__(self, round: _Optional[int] = ..., phases: _Optional[_Iterable[_Union[Phase, _Mapping]]] = ..., finished: _Optional[bool] = ...) -> None: ...
+
+class Envelope(_message.Message):
+    __slots__ = ("meta", "tensors", "scalars", "task")
+    class ScalarsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    META_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    SCALARS_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    meta: Meta
+    tensors: _containers.RepeatedCompositeFieldContainer[Tensor]
+    scalars: _containers.ScalarMap[str, float]
+    task: RoundTask
+    def __init__(self, meta: _Optional[_Union[Meta, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., scalars: _Optional[_Mapping[str, float]] = ..., task: _Optional[_Union[RoundTask, _Mapping]] = ...) -> None: ...
+
+class Chunk(_message.Message):
+    __slots__ = ("data",)
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    def __init__(self, data: _Optional[bytes] = ...) -> None: ...
+
+class RegisterRequest(_message.Message):
+    __slots__ = ("run_id", "node_id", "num_samples")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    node_id: str
+    num_samples: int
+    def __init__(self, run_id: _Optional[str] = ..., node_id: _Optional[str] = ..., num_samples: _Optional[int] = ...) -> None: ...
+
+class RegisterReply(_message.Message):
+    __slots__ = ("run_id", "spec_json", "cluster_id", "members")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    SPEC_JSON_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    spec_json: str
+    cluster_id: str
+    members: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, run_id: _Optional[str] = ..., spec_json: _Optional[str] = ..., cluster_id: _Optional[str] = ..., members: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class FetchRequest(_message.Message):
+    __slots__ = ("run_id", "node_id", "after_round")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    AFTER_ROUND_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    node_id: str
+    after_round: int
+    def __init__(self, run_id: _Optional[str] = ..., node_id: _Optional[str] = ..., after_round: _Optional[int] = ...) -> None: ...
+
+class Ack(_message.Message):
+    __slots__ = ("accepted", "detail")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    accepted: bool
+    detail: str
+    def __init__(self, accepted: _Optional[bool] = ..., detail: _Optional[str] = ...) -> None: ...

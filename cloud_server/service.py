@@ -82,7 +82,7 @@ class CloudServer(pbg.CloudServiceServicer):
             raise wire.WireError(grpc.StatusCode.PERMISSION_DENIED,
                                  f"{node!r} is not an edge of this run ({self.edges[0]}..{self.edges[-1]})", "unknown_edge")
         if self.admit is not None:
-            self.admit(context, node)
+            self.admit(context, node, self.edges)  # mutual TLS: the certificate must name `node`
         if node in self.dropped:
             raise wire.WireError(grpc.StatusCode.FAILED_PRECONDITION, f"{node} was dropped from this run", "dropped")
 

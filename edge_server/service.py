@@ -51,7 +51,7 @@ class EdgeServer(pbg.EdgeServiceServicer):
         self.server = server
         self.cloud_credentials = cloud_credentials
         self.cloud_override_host = cloud_override_host
-        self.admit = admit  # optional extra check of a peer's identity (mutual TLS)
+        self.admit = admit  # admit(context, claimed_id, allowed_ids) raises WireError (mutual TLS)
         self.wait_s = wait_s
         self.cfg = None
         self.spec_json = ""
@@ -109,8 +109,9 @@ class EdgeServer(pbg.EdgeServiceServicer):
             raise wire.WireError(grpc.StatusCode.UNAVAILABLE, f"{self.id} has not joined the cloud yet", "not_ready")
 
     def _check_peer(self, context, node: str) -> None:
-        if self.admit is not None and node:
-            self.admit(context, node)
+        """With mutual TLS: the certificate's id must be `node` (or, for discovery, any member)."""
+        if self.admit is not None:
+            self.admit(context, node, self.members)
 
     def _check_live(self, node: str) -> None:
         self._check_member(node)

@@ -65,5 +65,12 @@ def get_flat(model: nn.Module) -> np.ndarray:
 
 
 def set_flat(model: nn.Module, vec: np.ndarray) -> None:
+    """Copy `vec` into the parameters (torch's vector_to_parameters would alias the caller's array)."""
+    flat = torch.from_numpy(np.asarray(vec, dtype=np.float32))
+    if flat.numel() != num_parameters(model):
+        raise ValueError(f"vector of {flat.numel()} values for a model of {num_parameters(model)} parameters")
+    offset = 0
     with torch.no_grad():
-        torch.nn.utils.vector_to_parameters(torch.from_numpy(np.ascontiguousarray(vec, dtype=np.float32)), model.parameters())
+        for p in model.parameters():
+            p.copy_(flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()

@@ -1,0 +1,60 @@
+import pytest
+
+from hfl.common import config as c
+
+
+def test_defaults_and_overrides():
+    cfg = c.load(None, ["train.lr=0.1", "run.name=abc", "data.samples_per_device=[5, 9]"])
+    assert cfg.train.lr == 0.1 and cfg.run.name == "abc" and cfg.data.samples_per_device == (5, 9)
+    assert cfg.num_devices == cfg.topology.edges * cfg.topology.devices_per_edge
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.lrr=1", "unknown key 'train.lrr'; allowed keys in [train]: lr,"),
+    ("bogus.x=1", "unknown key 'bogus'"),
+    ("train.local_unit=epoch", "bad value for train.local_unit: 'epoch'; allowed: steps, epochs"),
+    ("model.name=resnet", "bad value for model.name: 'resnet'; allowed: cifar-cnn, mlp, mnist-cnn"),
+    ("run.algorithm=fedsgd", "allowed: hierfavg, qhetfed"),
+    ("pipeline.clip=l2", "bad value for pipeline.clip: 'l2'; allowed:"),
+    ("pipeline.uplink_encoding=int3", "allowed: float16, float32"),
+    ("train.batch_size=0", "train.batch_size must be >= 1"),
+    ("run.rounds=1.5", "run.rounds must be an integer"),
+    ("data.samples_per_device=[1]", "must be a list of 2 values"),
+    ("train", "--set expects section.key=value"),
+])
+def test_bad_input_names_the_key(override, message):
+    with pytest.raises(c.ConfigError) as err:
+        c.load(None, [override])
+    assert message in str(err.value)
+
+
+def test_toml_round_trip(tmp_path):
+    cfg = c.load(None, ["run.rounds=3", "topology.edges=4", "pipeline.params.identity.x=1.5"])
+    path = tmp_path / "x.toml"
+    path.write_text(c.to_toml(cfg))
+    again = c.load(path)
+    assert again == cfg
+
+
+def test_file_errors(tmp_path):
+    with pytest.raises(c.ConfigError, match="not found"):
+        c.load(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[run\nrounds = 3")
+    with pytest.raises(c.ConfigError, match="bad.toml"):
+        c.load(bad)
+
+
+def test_shipped_configs_load():
+    import pathlib
+
+    configs = sorted((pathlib.Path(__file__).parents[2] / "deploy" / "configs").glob("*.toml"))
+    assert configs, "deploy/configs/*.toml must exist"
+    for path in configs:
+        c.load(path)
+
+
+def test_reference_lists_every_key():
+    text = c.reference()
+    for key in ("run.seed", "train.tau", "pipeline.uplink_encoding", "net.chunk_kib"):
+        assert f"`{key}`" in text

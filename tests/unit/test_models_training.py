@@ -1,0 +1,80 @@
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from hfl.common.models import build, get_flat, init_parameters, num_parameters, set_flat
+from hfl.common.seeding import numpy_rng, torch_generator
+from hfl.device_client.training import evaluate, local_sgd, make_shard, minibatch_gradient
+
+
+def test_parameter_counts_match_the_papers():
+    assert num_parameters(build("mlp", (1, 28, 28), 10)) == 784 * 200 + 200 + 200 * 10 + 10
+    cifar = build("cifar-cnn", (3, 32, 32), 10)
+    convs = (3 * 9 * 32 + 32) + (32 * 9 * 32 + 32) + (32 * 9 * 64 + 64) + (64 * 9 * 64 + 64)
+    assert num_parameters(cifar) == convs + (64 * 8 * 8 * 128 + 128) + (128 * 10 + 10)
+    assert cifar(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
+    assert build("mnist-cnn", (1, 28, 28), 10)(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
+
+
+def test_init_is_seeded_and_flat_round_trips():
+    a, b = build("mnist-cnn", (1, 28, 28), 10), build("mnist-cnn", (1, 28, 28), 10)
+    init_parameters(a, torch_generator(7, "cloud", 0))
+    init_parameters(b, torch_generator(7, "cloud", 0))
+    assert np.array_equal(get_flat(a), get_flat(b))
+    init_parameters(b, torch_generator(8, "cloud", 0))
+    assert not np.array_equal(get_flat(a), get_flat(b))
+    v = np.arange(num_parameters(a), dtype=np.float32)
+    set_flat(a, v)
+    assert np.array_equal(get_flat(a), v)
+
+
+def shard(n=64):
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, (n, 1, 8, 8)).astype(np.uint8)
+    y = rng.integers(0, 10, n)
+    return make_shard(x, y, (0.5,), (0.25,))
+
+
+def test_local_sgd_equals_a_plain_torch_loop():
+    model = build("mlp", (1, 8, 8), 10)
+    init_parameters(model, torch_generator(0, "cloud", 0))
+    w0 = get_flat(model)
+    s = shard()
+    w1, loss, steps = local_sgd(model, w0, s, 0.1, 16, torch_generator(1, "device", 3), steps=5)
+    ref = build("mlp", (1, 8, 8), 10)
+    set_flat(ref, w0)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    gen = torch_generator(1, "device", 3)
+    for _ in range(5):
+        idx = torch.randperm(len(s), generator=gen)[:16]
+        x, y = s.batch(idx)
+        opt.zero_grad()
+        F.cross_entropy(ref(x), y).backward()
+        opt.step()
+    assert steps == 5 and np.isfinite(loss)
+    assert np.allclose(w1, get_flat(ref), atol=1e-6)
+
+
+def test_epochs_cover_the_shard_once_per_epoch():
+    model = build("mlp", (1, 8, 8), 10)
+    _, _, steps = local_sgd(model, get_flat(model), shard(50), 0.1, 16, torch_generator(0, "device", 0), epochs=2)
+    assert steps == 2 * 4  # ceil(50 / 16) batches per epoch
+
+
+def test_minibatch_gradient_matches_finite_difference():
+    model = build("mlp", (1, 8, 8), 10).double().float()
+    w = get_flat(model)
+    s = shard(16)
+    grad, loss = minibatch_gradient(model, w, s, 16, torch_generator(0, "device", 0))
+    e = np.zeros_like(w)
+    k = int(np.argmax(np.abs(grad)))
+    e[k] = 1e-2
+    acc_loss = lambda v: evaluate(model, v, s)[1]
+    numeric = (acc_loss(w + e) - acc_loss(w - e)) / 2e-2
+    assert abs(numeric - grad[k]) < 1e-2 * max(1.0, abs(grad[k]))
+
+
+def test_seeded_streams_differ_by_purpose_and_repeat_by_key():
+    assert numpy_rng(1, "device", 4, 2, "a").random() == numpy_rng(1, "device", 4, 2, "a").random()
+    draws = {numpy_rng(1, t, n, r, p).random() for t in ("edge", "device") for n in (0, 1) for r in (0, 1) for p in ("a", "b")}
+    assert len(draws) == 16

@@ -89,8 +89,11 @@ async def wait_serving(chan: grpc.aio.Channel, timeout: float, what: str) -> Non
     raise TimeoutError(f"{what} not SERVING after {timeout:.0f}s ({last})")
 
 
-def check_health_sync(address: str, timeout: float = 3.0) -> str:
+def check_health_sync(address: str, timeout: float = 3.0, credentials: grpc.ChannelCredentials | None = None,
+                      override_host: str | None = None) -> str:
     """Blocking probe used by container health checks: returns the status name."""
-    with grpc.insecure_channel(address) as chan:
+    options = [("grpc.ssl_target_name_override", override_host)] if override_host else []
+    chan = grpc.insecure_channel(address) if credentials is None else grpc.secure_channel(address, credentials, options)
+    with chan:
         reply = health_pb2_grpc.HealthStub(chan).Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)
     return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)

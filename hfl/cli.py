@@ -4,6 +4,7 @@
     hfl cloud | edge | devices ...                                one role (containers, real machines)
     hfl config [CONFIG] [--set ...] [--reference]                 print the resolved config or the key reference
     hfl health ADDRESS                                            probe a server's gRPC health service
+    hfl certs init | issue ROLE ID | show FILE                    mutual TLS: CA and node certificates
 """
 from __future__ import annotations
 
@@ -100,6 +101,40 @@ def cmd_health(args) -> int:
     return 0 if status == "SERVING" else 1
 
 
+def cmd_certs(args) -> int:
+    from hfl.common import certs
+
+    try:
+        if args.action == "init":
+            path, created = certs.init_ca(args.dir, force=args.force, days=args.days or certs.CA_DAYS)
+            print(f"{'created' if created else 'kept existing'} CA: {certs.describe(path)}")
+            return 0
+        if args.action == "show":
+            for path in args.files:
+                print(certs.describe(path))
+            return 0
+        node_id = args.id
+        if args.edge is not None:
+            if args.role != "device" or node_id or not args.devices_per_edge:
+                raise certs.CertError("--edge needs ROLE device, --devices-per-edge and no ID")
+            from hfl.common import topology
+
+            e, m = topology.edge_index(args.edge), args.devices_per_edge
+            ids = topology.host_slice([topology.device_id(g) for g in range(e * m, (e + 1) * m)], args.host_index, args.hosts)
+            if not ids:
+                raise certs.CertError(f"host {args.host_index} of {args.hosts} has no devices of {args.edge}")
+            node_id = certs.device_range(topology.device_index(ids[0]), len(ids))
+        if not node_id:
+            raise certs.CertError("give the node ID (or, for devices, --edge and --devices-per-edge)")
+        cert, key = certs.issue(args.dir, args.role, node_id, args.san, name=args.name, days=args.days or certs.NODE_DAYS,
+                                out_dir=args.out)
+        print(f"issued {cert} and {key}: {certs.describe(cert)}")
+        return 0
+    except (certs.CertError, OSError) as exc:
+        print(f"hfl certs: {exc}", file=sys.stderr)
+        return 2
+
+
 def cmd_run(args) -> int:
     from hfl.common.config import ConfigError
     from hfl.launcher import run_with_progress
@@ -157,6 +192,31 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.add_argument("--reference", action="store_true", help="print the table of every key, default and meaning")
     p.set_defaults(func=cmd_config)
+
+    p = sub.add_parser("certs", help="mutual TLS: create a CA, issue node certificates")
+    csub = p.add_subparsers(dest="action", required=True)
+    default_dir = os.environ.get("HFL_CERTS_DIR", "deploy/certs")
+    c = csub.add_parser("init", help="create DIR/ca.pem and DIR/ca.key (kept if they exist)")
+    c.add_argument("--dir", default=default_dir, help="CA directory (default $HFL_CERTS_DIR or deploy/certs)")
+    c.add_argument("--force", action="store_true", help="replace an existing CA (every node certificate must be reissued)")
+    c.add_argument("--days", type=int, help="validity (default 3650)")
+    c = csub.add_parser("issue", help="issue DIR/ID.pem and DIR/ID.key for one node, signed by the CA in DIR")
+    c.add_argument("role", choices=["cloud", "edge", "device"])
+    c.add_argument("id", nargs="?", help="cloud: a name (cloud); edge: edge-NNN; device: dev-NNNNN or a range dev-A..dev-B")
+    c.add_argument("--dir", default=default_dir, help="CA directory (default $HFL_CERTS_DIR or deploy/certs)")
+    c.add_argument("--out", help="write the certificate and key here instead of DIR")
+    c.add_argument("--name", help="file name without extension (default: the id)")
+    c.add_argument("--san", action="append", default=[], metavar="NAME",
+                   help="extra DNS name or IP address a server is reached at (repeatable; role names such as "
+                        "cloud.hfl, localhost and 127.0.0.1 are always included)")
+    c.add_argument("--days", type=int, help="validity (default 825)")
+    c.add_argument("--edge", help="device: issue for the devices of this edge (with --devices-per-edge)")
+    c.add_argument("--devices-per-edge", type=int, help="device: topology.devices_per_edge of the run")
+    c.add_argument("--host-index", type=int, default=0, help="device: this host's share of the cluster")
+    c.add_argument("--hosts", type=int, default=1, help="device: device hosts per edge")
+    c = csub.add_parser("show", help="print subject, issuer, validity and names of certificates")
+    c.add_argument("files", nargs="+")
+    p.set_defaults(func=cmd_certs)
 
     p = sub.add_parser("health", help="exit 0 if the server at ADDRESS reports SERVING")
     p.add_argument("address")

@@ -211,9 +211,10 @@ class CloudServer(pbg.CloudServiceServicer):
     def _evaluate(self, r: int, rows: list) -> dict:
         last = r == self.cfg.run.rounds - 1
         if r % self.cfg.run.eval_every and not last:
-            return {"round": r, "accuracy": None, "loss": None}
+            return {"round": r, "accuracy": None, "loss": None, "eval_seconds": 0.0}
+        started = time.monotonic()
         accuracy, loss = evaluate(self.model, self.w, self.test)
-        return {"round": r, "accuracy": accuracy, "loss": loss}
+        return {"round": r, "accuracy": accuracy, "loss": loss, "eval_seconds": time.monotonic() - started}
 
     def _round_stats(self, r: int, started: float, round_started: float) -> dict:
         res = self.results.values()

@@ -151,8 +151,11 @@ def synthetic(cfg) -> Dataset:
     n = cfg.synthetic_samples
     rng = numpy_rng(0, "data", "synthetic", 0, "samples", n, *shape)
     y = rng.integers(0, classes, size=n)
-    x = protos[y] + rng.normal(scale=1.5, size=(n, *shape))
-    x = np.clip(128 + 40 * x, 0, 255).astype(np.uint8)
+    x = np.empty((n, *shape), dtype=np.uint8)
+    for start in range(0, n, 4096):  # in blocks: float64 noise for 100k images would need GBs
+        stop = min(n, start + 4096)
+        block = protos[y[start:stop]] + rng.normal(scale=1.5, size=(stop - start, *shape))
+        x[start:stop] = np.clip(128 + 40 * block, 0, 255)
     return _holdout("synthetic", x, y.astype(np.int64), cfg, 0, ((0.5,) * shape[0], (0.25,) * shape[0]))
 
 

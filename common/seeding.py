@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 
 import numpy as np
-import torch
 
 TIERS = {"cloud": 0, "edge": 1, "device": 2, "data": 3}
 
@@ -31,7 +30,9 @@ def numpy_rng(seed: int, tier: str, node: int | str, round_: int = 0, *purpose: 
     return np.random.default_rng(seed_sequence(seed, tier, node, round_, *purpose))
 
 
-def torch_generator(seed: int, tier: str, node: int | str, round_: int = 0, *purpose: object) -> torch.Generator:
+def torch_generator(seed: int, tier: str, node: int | str, round_: int = 0, *purpose: object):
+    import torch  # edges never train: keep torch out of their processes
+
     state = seed_sequence(seed, tier, node, round_, *purpose).generate_state(1, dtype=np.uint64)[0]
     gen = torch.Generator()
     gen.manual_seed(int(state) & 0x7FFF_FFFF_FFFF_FFFF)

@@ -58,3 +58,10 @@ def test_reference_lists_every_key():
     text = c.reference()
     for key in ("run.seed", "train.tau", "pipeline.uplink_encoding", "net.chunk_kib"):
         assert f"`{key}`" in text
+
+
+def test_readme_reference_is_current():
+    import pathlib
+
+    readme = (pathlib.Path(__file__).parents[2] / "README.md").read_text()
+    assert c.reference() in readme, "README's config table is stale: paste the output of `hfl config --reference`"

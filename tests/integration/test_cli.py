@@ -1,0 +1,54 @@
+"""`hfl run` as a user runs it: exit codes, clean-up, and the one-role commands."""
+import os
+import subprocess
+import sys
+
+import psutil
+
+from .conftest import SMALL
+
+
+def hfl(*args, timeout=300, cwd=None):
+    return subprocess.run([sys.executable, "-m", "hfl.cli", *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=cwd, stdin=subprocess.DEVNULL)
+
+
+def leftovers(marker: str) -> list[str]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if marker in cmd and proc.pid != os.getpid():
+            found.append(cmd)
+    return found
+
+
+def test_hfl_run_writes_the_run_directory(tmp_path):
+    out = tmp_path / "run"
+    sets = [a for s in SMALL + ["run.rounds=2"] for a in ("--set", s)]
+    result = hfl("run", *sets, "--out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "final accuracy" in result.stderr
+    for name in ("config.toml", "metrics.jsonl", "summary.json", "accuracy.png", "logs/cloud.log"):
+        assert (out / name).exists(), name
+    assert leftovers(str(out)) == []
+
+
+def test_hfl_run_fails_loudly_and_leaves_no_process(tmp_path):
+    out = tmp_path / "broken"
+    # mnist needs data.root: the cloud fails while loading its test set
+    result = hfl("run", "--set", "data.dataset=mnist", "--set", "net.join_timeout_s=30", "--out", str(out))
+    assert result.returncode == 1
+    assert "cloud" in result.stderr and "needs data.root" in result.stderr
+    assert leftovers(str(out)) == []
+
+
+def test_config_errors_exit_2_with_the_key(tmp_path):
+    result = hfl("run", "--set", "train.lr=fast", "--out", str(tmp_path / "x"))
+    assert result.returncode == 2 and "train.lr must be a number" in result.stderr
+    result = hfl("cloud", "--set", "train.unknown=1", "--run-dir", str(tmp_path / "y"))
+    assert result.returncode == 2 and "unknown key 'train.unknown'" in result.stderr
+
+
+def test_health_probe_of_a_dead_address():
+    result = hfl("health", "127.0.0.1:1", "--timeout", "1")
+    assert result.returncode == 1 and "127.0.0.1:1" in result.stderr

@@ -41,14 +41,14 @@ def plot_accuracy(rows: Iterable[dict[str, Any]], path: pathlib.Path, title: str
 
     rows = [r for r in rows if r.get("accuracy") is not None]
     fig, ax = plt.subplots(figsize=(6, 4), dpi=110)
-    ax.plot([r["round"] for r in rows], [100 * r["accuracy"] for r in rows], marker="o")
-    ax.set_xlabel("global round")
+    ax.plot([r["round"] + 1 for r in rows], [100 * r["accuracy"] for r in rows], marker="o")
+    ax.set_xlabel("global round (1 = after the first cloud sync)")
     ax.set_ylabel("test accuracy (%)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     if rows:
         ax2 = ax.twinx()
-        ax2.plot([r["round"] for r in rows], [r["loss"] for r in rows], color="tab:red", alpha=0.6, ls="--")
+        ax2.plot([r["round"] + 1 for r in rows], [r["loss"] for r in rows], color="tab:red", alpha=0.6, ls="--")
         ax2.set_ylabel("test loss", color="tab:red")
     fig.tight_layout()
     fig.savefig(path)

@@ -24,17 +24,19 @@ def _fmt_bytes(n: float) -> str:
 def _table(bed: Testbed, rows: list[dict], started: float, phase: str) -> Table:
     cfg = bed.cfg
     table = Table(title=f"hfl run: {cfg.run.algorithm}, {cfg.topology.edges} edges x {cfg.topology.devices_per_edge} devices, "
-                        f"{cfg.data.dataset} / {cfg.model.name}  [{phase}]", title_justify="left")
-    for col in ("round", "accuracy", "loss", "train loss", "bytes up", "bytes down", "refused", "elapsed"):
+                        f"{cfg.data.dataset} / {cfg.model.name}", caption=phase, title_justify="left",
+                  caption_justify="left")
+    for col in ("round", "accuracy", "loss", "train loss", "bytes up", "bytes down", "refused", "round time"):
         table.add_column(col, justify="right")
     for r in rows[-12:]:
         acc = "-" if r["accuracy"] is None else f"{100 * r['accuracy']:.2f}%"
         loss = "-" if r["loss"] is None else f"{r['loss']:.4f}"
         train = "-" if r.get("train_loss") is None else f"{r['train_loss']:.4f}"
         table.add_row(f"{r['round'] + 1}/{cfg.run.rounds}", acc, loss, train, _fmt_bytes(r["bytes_up"]),
-                      _fmt_bytes(r["bytes_down"]), str(r["refused"]), f"{r['wall_seconds']:.1f}s")
-    if len(rows) < cfg.run.rounds:
-        table.add_row(f"{len(rows) + 1}/{cfg.run.rounds}", "...", "", "", "", "", "", f"{time.monotonic() - started:.1f}s")
+                      _fmt_bytes(r["bytes_down"]), str(r["refused"]), f"{r['round_seconds']:.1f}s")
+    if len(rows) < cfg.run.rounds and phase != "done":
+        table.add_row(f"{len(rows) + 1}/{cfg.run.rounds}", "...", "", "", "", "", "", "")
+    table.caption = f"{phase}, {time.monotonic() - started:.1f}s since launch"
     return table
 
 
@@ -56,13 +58,13 @@ def run_with_progress(config, overrides, out=None, quiet: bool = False) -> int:
                               f"{row['wall_seconds']:.1f}s")
         else:
             with Live(_table(bed, rows, started, "starting"), console=console, refresh_per_second=4) as live:
-                gen = bed.iter_metrics(timeout=24 * 3600, poll=0.25)
-                while True:
-                    try:
-                        rows.append(next(gen))
-                    except StopIteration:
-                        break
-                    live.update(_table(bed, rows, started, "running"))
+                while not bed.finished():
+                    bed.check()
+                    rows = bed.metrics()
+                    phase = f"{len(bed.running())} processes running" if rows else "starting processes"
+                    live.update(_table(bed, rows, started, phase))
+                    time.sleep(0.25)
+                rows = bed.metrics()
                 live.update(_table(bed, rows, started, "done"))
         summary = bed.wait(timeout=120)
     except KeyboardInterrupt:

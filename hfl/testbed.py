@@ -188,6 +188,9 @@ class Testbed:
     def metrics(self) -> list[dict]:
         return metrics.read_jsonl(self.run_dir / "metrics.jsonl")
 
+    def finished(self) -> bool:
+        return self.nodes["cloud"].returncode() == 0
+
     def iter_metrics(self, timeout: float = 600.0, poll: float = 0.2) -> Iterator[dict]:
         """Yield each round's metrics as the cloud writes them, until the run ends."""
         seen = 0
@@ -196,7 +199,7 @@ class Testbed:
             rows = self.metrics()
             yield from rows[seen:]
             seen = len(rows)
-            self._raise_on_failure()
+            self.check()
             if self.nodes["cloud"].returncode() == 0:
                 yield from self.metrics()[seen:]
                 return
@@ -204,7 +207,8 @@ class Testbed:
                 raise TestbedError(f"run did not finish within {timeout}s")
             time.sleep(poll)
 
-    def _raise_on_failure(self) -> None:
+    def check(self) -> None:
+        """Raise TestbedError (after stopping everything) if any process failed."""
         failed = self.failures()
         if failed:
             detail = "\n".join(f"--- {n.name} exited {n.returncode()}:\n{_log_tail(n.log_path)}" for n in failed)
@@ -217,9 +221,9 @@ class Testbed:
             pass
         deadline = time.monotonic() + 30
         while self.running() and time.monotonic() < deadline:
-            self._raise_on_failure()
+            self.check()
             time.sleep(0.1)
-        self._raise_on_failure()
+        self.check()
         lingering = [n.name for n in self.running()]
         if lingering:
             self.close()

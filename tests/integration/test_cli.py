@@ -1,5 +1,6 @@
 """`hfl run` as a user runs it: exit codes, clean-up, and the one-role commands."""
 import os
+import time
 import subprocess
 import sys
 
@@ -52,3 +53,28 @@ def test_config_errors_exit_2_with_the_key(tmp_path):
 def test_health_probe_of_a_dead_address():
     result = hfl("health", "127.0.0.1:1", "--timeout", "1")
     assert result.returncode == 1 and "127.0.0.1:1" in result.stderr
+
+
+def test_edge_is_not_serving_until_it_joined_a_cloud(tmp_path):
+    port_file = tmp_path / "edge.port"
+    edge = subprocess.Popen([sys.executable, "-m", "hfl.cli", "edge", "--id", "edge-000", "--listen", "127.0.0.1:0",
+                             "--cloud", "127.0.0.1:1", "--port-file", str(port_file), "--wait", "60"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not port_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        result = hfl("health", f"127.0.0.1:{port_file.read_text().strip()}")
+        assert result.returncode == 1 and "NOT_SERVING" in result.stdout
+    finally:
+        edge.kill()
+        edge.wait()
+
+
+def test_servers_report_serving_during_a_run(hfl_testbed):
+    from hfl.common.rpc import check_health_sync
+
+    tb = hfl_testbed(overrides=SMALL + ["run.rounds=8"])
+    next(tb.iter_metrics(timeout=300))
+    assert [check_health_sync(a) for a in [tb.cloud_address, *tb.edge_addresses]] == ["SERVING"] * 3
+    tb.wait(timeout=300)

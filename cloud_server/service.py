@@ -187,6 +187,7 @@ class CloudServer(pbg.CloudServiceServicer):
                 self.alive -= missing
                 self.dropped |= missing
             self.w = self._aggregate(cloud_weights)
+            self._checkpoint(r)
             row = await loop.run_in_executor(executor, self._evaluate, r, rows)
             row.update(self._round_stats(r, started, round_started))
             rows.append(row)
@@ -198,6 +199,12 @@ class CloudServer(pbg.CloudServiceServicer):
         await self._finish(rows, started)
         executor.shutdown(wait=False)
         return 0 if self.alive else 1
+
+    def _checkpoint(self, r: int) -> None:
+        """The global model after round r, replaced atomically so a crash never leaves half a file."""
+        tmp = self.run_dir / "checkpoint.tmp.npz"
+        np.savez(tmp, round=r, weights=self.w, model=self.cfg.model.name, run_id=self.run_id)
+        tmp.replace(self.run_dir / "checkpoint.npz")
 
     def _aggregate(self, rule: str) -> np.ndarray:
         names = sorted(n for n, res in self.results.items() if res.devices > 0)  # arrival order must not matter

@@ -1,6 +1,5 @@
 """Whole runs with real processes (cloud, 2 edges, device hosts) on 127.0.0.1."""
-import json
-
+import numpy as np
 import pytest
 
 from .conftest import SMALL
@@ -25,6 +24,8 @@ def test_algorithm_learns(hfl_testbed, algorithm, extra):
     for key in ("final_accuracy", "rounds", "wall_seconds", "algorithm", "seed"):
         assert key in summary
     run = tb.run_dir
+    checkpoint = np.load(run / "checkpoint.npz")
+    assert int(checkpoint["round"]) == 3 and checkpoint["weights"].shape == (summary["model_parameters"],)
     assert (run / "accuracy.png").read_bytes()[:4] == b"\x89PNG"
     assert "algorithm = \"%s\"" % algorithm in (run / "config.toml").read_text()
     logs = sorted(p.name for p in (run / "logs").glob("*.log"))

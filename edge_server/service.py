@@ -74,9 +74,8 @@ class EdgeServer(pbg.EdgeServiceServicer):
 
     # ---- device-facing RPCs -------------------------------------------------------------------
     def _check_member(self, node: str) -> None:
-        if self.cfg is None:
-            raise wire.WireError(grpc.StatusCode.UNAVAILABLE, f"{self.id} has not joined the cloud yet", "not_ready")
-        if node not in self.samples and node not in self.members:
+        self._check_ready()
+        if node not in self.members:
             raise wire.WireError(grpc.StatusCode.PERMISSION_DENIED,
                                  f"{node!r} is not a device of {self.id} (members {self.members[0]}..{self.members[-1]})",
                                  "unknown_device")
@@ -198,10 +197,9 @@ class EdgeServer(pbg.EdgeServiceServicer):
 
     def _drop(self, nodes, why: str) -> None:
         for node in sorted(nodes):
-            if node in self.alive:
-                self.alive.discard(node)
-                self.dropped.add(node)
-                log.warning("dropping %s: %s", node, why)
+            self.alive.discard(node)
+            self.dropped.add(node)
+            log.warning("dropping %s: %s", node, why)
 
     async def run(self) -> int:
         cloud = await self.join_cloud()
@@ -210,7 +208,6 @@ class EdgeServer(pbg.EdgeServiceServicer):
         except asyncio.TimeoutError:
             pass
         self._drop(set(self.members) - self.alive, "did not register in time")
-        self.dropped |= set(self.members) - self.alive
         log.info("%s: %d of %d devices joined", self.id, len(self.alive), len(self.members))
         after = -1
         while True:

@@ -125,14 +125,14 @@ class TlsOptions:
                 "override_host": os.environ.get(SERVER_NAME_ENV) or certs.SERVER_NAMES["edge"]}
 
     def probe_kwargs(self) -> dict:
-        """Health probe: any node certificate; by default it expects the server name of its own role
-        (a container probes its own server), else HFL_TLS_SERVER_NAME."""
+        """Health probe: any node certificate. The server name it expects: HFL_TLS_SERVER_NAME, else its own
+        role's (a container probes its own server; a device certificate probes an edge)."""
         if not self.enabled:
             return {}
         import grpc
 
         ca, cert, key, ident = self._material()
-        name = os.environ.get(SERVER_NAME_ENV) or certs.SERVER_NAMES.get(ident.role)
+        name = os.environ.get(SERVER_NAME_ENV) or certs.SERVER_NAMES.get(ident.role, certs.SERVER_NAMES["edge"])
         return {"credentials": grpc.ssl_channel_credentials(ca, key, cert), "override_host": name}
 
 

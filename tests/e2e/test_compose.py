@@ -1,0 +1,86 @@
+"""`docker compose up` of the root docker-compose.yml on a real engine: the default experiment's
+topology (three edges, one untrusted, mutual TLS, health-gated start) runs to the end, the cloud exits 0,
+every container exits cleanly and the results are on the host. A few rounds keep it short."""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from .conftest import ROOT, container_logs, project_containers, record, sh
+
+pytestmark = pytest.mark.docker
+
+ROUNDS = 2
+DEVICES_PER_EDGE = 2
+SERVICES = {"certs", "cloud", "edge-000", "edge-001", "edge-002", "devices-000", "devices-001", "devices-002"}
+
+
+def started_at(container: dict) -> str:
+    return container["State"]["StartedAt"]  # RFC 3339 with nanoseconds, UTC: sorts as text
+
+
+def test_image_is_one_non_root_image_without_keys(image):
+    config = json.loads(sh(["docker", "image", "inspect", image]).stdout)[0]["Config"]
+    assert config["Entrypoint"] == ["hfl"]
+    assert config["User"] not in ("", "0", "root") and not config["User"].startswith("0:")
+    env = dict(e.split("=", 1) for e in config["Env"])
+    assert env["PYTHONUNBUFFERED"] == "1" and env["HFL_TLS"] == "required"
+    found = sh(["docker", "run", "--rm", "--network", "none", "--entrypoint", "sh", image, "-c",
+                "id -u; ls -A /certs; grep -rlIE '^-----BEGIN ([A-Z]+ )?PRIVATE KEY-----' /home /certs /runs /opt/hfl; true"])
+    uid, *rest = found.stdout.split()
+    assert uid != "0"
+    assert rest == [], f"keys or certificates inside the image: {rest}"
+    # the image refuses to run a node without certificates unless told to go plaintext
+    refused = sh(["docker", "run", "--rm", "--network", "none", image, "health", "127.0.0.1:1"], check=False)
+    assert refused.returncode != 0 and "HFL_TLS=required" in refused.stderr
+
+
+def test_compose_up_runs_to_the_end_with_results_on_the_host(compose_cmd, image, tmp_path):
+    runs, pki = tmp_path / "runs", tmp_path / "pki"
+    project = f"hfle2e{os.getpid()}"
+    env = dict(os.environ, HFL_IMAGE=image, HFL_RUNS=str(runs), HFL_PKI=str(pki), ROUNDS=str(ROUNDS),
+               DEVICES_PER_EDGE=str(DEVICES_PER_EDGE))
+    compose = [*compose_cmd, "-f", ROOT / "docker-compose.yml", "-p", project]
+    try:
+        started = time.monotonic()
+        up = sh([*compose, "up", "--no-build", "--no-color"], env=env, timeout=900, check=False)
+        record("compose_up_s", round(time.monotonic() - started, 1))
+        containers = project_containers(project)
+        assert set(containers) == SERVICES, up.stdout[-3000:] + up.stderr[-3000:]
+        logs = {name: container_logs(c["Id"]) for name, c in containers.items()}
+        failed = {n: c["State"]["ExitCode"] for n, c in containers.items() if c["State"]["ExitCode"] != 0}
+        assert not failed, "\n".join(f"--- {n} exited {code}\n{logs[n][-2500:]}" for n, code in failed.items())
+        assert up.returncode == 0, up.stderr[-3000:]
+        assert all(c["State"]["Status"] == "exited" and not c["State"]["OOMKilled"] for c in containers.values())
+
+        # the results are on the host, in the bind-mounted run directory
+        out = runs / "compose"
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["rounds"] == ROUNDS
+        assert summary["edges"] == 3 and summary["devices"] == 3 * DEVICES_PER_EDGE
+        assert summary["dropped_edges"] == [] and summary["refused"] == 0
+        assert summary["final_accuracy"] > 0.3
+        assert len((out / "metrics.jsonl").read_text().splitlines()) == ROUNDS
+        assert (out / "accuracy.png").stat().st_size > 1000 and (out / "config.toml").exists()
+
+        # health-gated start: cloud before edges before their device hosts, each after its upstream was SERVING
+        cloud = containers["cloud"]
+        for e in ("000", "001", "002"):
+            edge, devices = containers[f"edge-{e}"], containers[f"devices-{e}"]
+            assert started_at(cloud) < started_at(edge) < started_at(devices)
+            assert f"edge-{e} joined run" in logs[f"edge-{e}"]
+            assert f"edge-{e}: {DEVICES_PER_EDGE} of {DEVICES_PER_EDGE} devices joined" in logs[f"edge-{e}"]
+        probes = cloud["State"]["Health"]["Log"]
+        assert any(p["ExitCode"] == 0 and "SERVING" in p["Output"] for p in probes), probes
+        # mutual TLS was on: every node ran with its own certificate, and nothing was refused
+        assert all("HFL_CERT=/certs/" in " ".join(c["Config"]["Env"]) for n, c in containers.items() if n != "certs")
+        assert "HFL_TRUST=untrusted" in containers["edge-002"]["Config"]["Env"]
+        assert (pki / "ca.pem").exists() and (pki / "nodes" / "edge-002.key").exists()
+    finally:
+        sh([*compose, "down", "--volumes", "--remove-orphans", "--timeout", "30"], env=env, check=False, timeout=300)
+    assert project_containers(project) == {}
+    networks = sh(["docker", "network", "ls", "-q", "--filter", f"label=com.docker.compose.project={project}"]).stdout
+    assert networks.strip() == ""

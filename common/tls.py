@@ -164,7 +164,7 @@ class Admission:
         ident = self.identity(context)
         if ident.role != self.role:
             raise WireError(grpc.StatusCode.PERMISSION_DENIED,
-                            f"certificate of {ident} is not a {self.role} certificate", "wrong_role")
+                            f"{self.role} certificate required; got the certificate of {ident}", "wrong_role")
         if claimed_id:
             if not ident.covers(claimed_id):
                 raise WireError(grpc.StatusCode.PERMISSION_DENIED,

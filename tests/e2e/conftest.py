@@ -28,6 +28,8 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "/e2e/" in str(item.fspath):
             item.add_marker(pytest.mark.docker)
+            # the first test also sets up engine, base image, wheelhouse and image (minutes when cold)
+            item.add_marker(pytest.mark.timeout(1800))
 
 
 def sh(cmd, timeout: float = 600, check: bool = True, **kwargs) -> subprocess.CompletedProcess:

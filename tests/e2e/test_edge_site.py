@@ -118,6 +118,7 @@ def swarm(docker_engine):
     """A single-node swarm on the loopback address (left again if this test created it); skips if the engine
     does not allow one."""
     state = sh(["docker", "info", "-f", "{{.Swarm.LocalNodeState}}"]).stdout.strip()
+    had_gwbridge = sh(["docker", "network", "ls", "-q", "--filter", "name=^docker_gwbridge$"]).stdout.strip() != ""
     ours = False
     if state != "active":
         init = sh(["docker", "swarm", "init", "--advertise-addr", "127.0.0.1", "--listen-addr", "127.0.0.1:2377"], check=False)
@@ -127,6 +128,8 @@ def swarm(docker_engine):
     yield
     if ours:
         sh(["docker", "swarm", "leave", "--force"], check=False)
+        if not had_gwbridge:  # swarm init made it; leaving does not remove it
+            sh(["docker", "network", "rm", "docker_gwbridge"], check=False)
 
 
 def stack_tasks(stack: str) -> list[tuple[str, str, str]]:

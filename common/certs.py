@@ -241,3 +241,30 @@ def describe(path: str | os.PathLike) -> str:
         alt = "-"
     return (f"{path}: {cert.subject.rfc4514_string()}; issuer {cert.issuer.rfc4514_string()}; "
             f"valid to {cert.not_valid_after_utc:%Y-%m-%d}; names: {alt}")
+
+
+def testbed_tls_args(directory: str | os.PathLike, cfg) -> dict[str, list[str]]:
+    """Mutual TLS for every process of a local testbed (`hfl run`, hfl.testbed.Testbed): creates the CA in
+    `directory` when missing, issues one certificate per node into `directory`/nodes, and returns the
+    --ca/--cert/--key arguments keyed by the Testbed's node names (cloud, edge-NNN, devices-EEE-H)."""
+    d = pathlib.Path(directory)
+    init_ca(d)
+    nodes = d / "nodes"
+
+    def flags(name: str) -> list[str]:
+        return ["--ca", str(d / CA_CERT), "--cert", str(nodes / f"{name}.pem"), "--key", str(nodes / f"{name}.key")]
+
+    issue(d, "cloud", "cloud", out_dir=nodes)
+    args = {"cloud": flags("cloud")}
+    hosts = cfg.topology.hosts_per_edge
+    for e in range(cfg.topology.edges):
+        edge = topology.edge_id(e)
+        issue(d, "edge", edge, out_dir=nodes)
+        args[edge] = flags(edge)
+        members = topology.edge_members(cfg, e)
+        for h in range(hosts):
+            ids = topology.host_slice(members, h, hosts) or members  # a host without devices only says hello
+            name = f"devices-{e:03d}-{h}"
+            issue(d, "device", device_range(topology.device_index(ids[0]), len(ids)), name=name, out_dir=nodes)
+            args[name] = flags(name)
+    return args

@@ -355,3 +355,15 @@ def test_admission_checks_role_ids_and_cluster(tmp_path):
     with pytest.raises(wire.WireError) as refused:
         admit(Context(None), "dev-00001", cluster_a)
     assert refused.value.code == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_testbed_certificates_match_the_topology(tmp_path):
+    from hfl.common import config
+
+    cfg = config.load(None, ["topology.edges=2", "topology.devices_per_edge=5", "topology.hosts_per_edge=2"])
+    args = certs.testbed_tls_args(tmp_path, cfg)
+    assert sorted(args) == ["cloud", "devices-000-0", "devices-000-1", "devices-001-0", "devices-001-1", "edge-000", "edge-001"]
+    names = {name: certs.identity_of(certs.load_cert(flags[3])).name for name, flags in args.items()}
+    assert names["edge-001"] == "edge-001" and names["cloud"] == "cloud"
+    assert names["devices-000-0"] == "dev-00000..dev-00001" and names["devices-001-1"] == "dev-00007..dev-00009"
+    assert all(flags[1] == str(tmp_path / "ca.pem") for flags in args.values())

@@ -28,7 +28,6 @@ from . import certs, topology
 ENV = {"ca": "HFL_CA", "cert": "HFL_CERT", "key": "HFL_KEY"}
 MODE_ENV = "HFL_TLS"
 SERVER_NAME_ENV = "HFL_TLS_SERVER_NAME"
-ROLE_OF_PROCESS = {"cloud": "cloud", "edge": "edge", "devices": "device"}
 
 
 def _read(path: str, what: str) -> bytes:

@@ -54,6 +54,9 @@ stop_ours() {
         kill -0 "$pid" 2>/dev/null && kill -KILL "$pid"
     fi
     rm -f "$PIDFILE"
+    # the default bridge outlives dockerd; ours goes with it
+    command -v ip >/dev/null && ip link show docker0 >/dev/null 2>&1 && ip link delete docker0 2>/dev/null
+    return 0
 }
 
 case "${1:-start}" in

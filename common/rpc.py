@@ -75,6 +75,7 @@ async def wait_serving(chan: grpc.aio.Channel, timeout: float, what: str) -> Non
     stub = health_pb2_grpc.HealthStub(chan)
     deadline = time.monotonic() + timeout
     last = "no answer"
+    hinted = False
     while time.monotonic() < deadline:
         try:
             reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2.0)
@@ -85,6 +86,12 @@ async def wait_serving(chan: grpc.aio.Channel, timeout: float, what: str) -> Non
             last = f"{exc.code().name}: {exc.details()}"
             if exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
                 raise
+            details = (exc.details() or "").lower()
+            if not hinted and any(k in details for k in ("handshake", "ssl", "socket closed", "tls")):
+                hinted = True
+                log.warning("%s answers but the connection closes (%s): if it speaks TLS, check that this node uses "
+                            "certificates from the same CA (or that both sides use plaintext); retrying", what,
+                            exc.details())
         await asyncio.sleep(0.2)
     raise TimeoutError(f"{what} not SERVING after {timeout:.0f}s ({last})")
 

@@ -76,7 +76,10 @@ def cmd_devices(args) -> int:
 def _tls(args, role: str):
     from hfl.common.tls import TlsOptions
 
-    return TlsOptions.from_args(args, role)
+    tls = TlsOptions.from_args(args, role)
+    if role != "probe":
+        logging.getLogger("hfl").info("transport: %s", f"mutual TLS with {tls.cert}" if tls.enabled else "plaintext")
+    return tls
 
 
 def cmd_config(args) -> int:
@@ -140,7 +143,7 @@ def cmd_run(args) -> int:
     from hfl.launcher import run_with_progress
 
     try:
-        return run_with_progress(args.config, args.overrides, args.out, quiet=args.quiet)
+        return run_with_progress(args.config, args.overrides, args.out, quiet=args.quiet, certs=args.certs)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
@@ -161,6 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.add_argument("--out", help="run directory (default: runs/NAME-TIMESTAMP)")
     p.add_argument("--quiet", action="store_true", help="no live progress, one line per round")
+    p.add_argument("--certs", metavar="DIR", help="mutual TLS between all processes: CA in DIR (created if missing), "
+                                                  "a certificate per node in DIR/nodes")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("cloud", help="start the cloud server (drives the run)")

@@ -40,9 +40,9 @@ def _table(bed: Testbed, rows: list[dict], started: float, phase: str) -> Table:
     return table
 
 
-def run_with_progress(config, overrides, out=None, quiet: bool = False) -> int:
+def run_with_progress(config, overrides, out=None, quiet: bool = False, certs: str | None = None) -> int:
     console = Console(stderr=True)
-    bed = Testbed(config, overrides, run_dir=out)
+    bed = Testbed(config, overrides, run_dir=out, certs=certs)
     started = time.monotonic()
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     rows: list[dict] = []

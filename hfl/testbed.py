@@ -66,7 +66,8 @@ class Testbed:
     skip_hosts: Sequence[str] = ()          # device hosts not to start, e.g. "devices-001-2" (a test plays them)
     start_timeout: float = 180.0
     env: dict | None = None
-    extra_args: dict = field(default_factory=dict)  # role -> extra CLI args (e.g. TLS flags)
+    extra_args: dict = field(default_factory=dict)  # node name or role -> extra CLI args (e.g. TLS flags)
+    certs: str | os.PathLike | None = None  # mutual TLS: CA directory (created if missing), one certificate per node
     nodes: dict[str, Node] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
@@ -82,6 +83,10 @@ class Testbed:
             self.run_dir = pathlib.Path("runs") / f"{cfg.run.name}-{stamp}"
         self.run_dir = pathlib.Path(self.run_dir).resolve()
         self.logs = self.run_dir / "logs"
+        if self.certs is not None:
+            from hfl.common.certs import testbed_tls_args
+
+            self.extra_args = {**testbed_tls_args(self.certs, cfg), **self.extra_args}
         self.ports = self.run_dir / "ports"
 
     # ---- lifecycle ----------------------------------------------------------------------------
@@ -93,7 +98,8 @@ class Testbed:
         self.close()
 
     def _spawn(self, name: str, args: list[str]) -> Node:
-        argv = [sys.executable, "-m", "hfl.cli", *args, *self.extra_args.get(name.split("-")[0], [])]
+        extra = self.extra_args.get(name, self.extra_args.get(name.split("-")[0], []))  # per node, else per role
+        argv = [sys.executable, "-m", "hfl.cli", *args, *extra]
         node = Node(name, argv, self.logs / f"{name}.log")
         env = dict(os.environ, PYTHONUNBUFFERED="1", **(self.env or {}))
         with open(node.log_path, "ab") as log:

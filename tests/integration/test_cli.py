@@ -1,4 +1,5 @@
 """`hfl run` as a user runs it: exit codes, clean-up, and the one-role commands."""
+import json
 import os
 import time
 import subprocess
@@ -78,3 +79,14 @@ def test_servers_report_serving_during_a_run(hfl_testbed):
     next(tb.iter_metrics(timeout=300))
     assert [check_health_sync(a) for a in [tb.cloud_address, *tb.edge_addresses]] == ["SERVING"] * 3
     tb.wait(timeout=300)
+
+
+def test_hfl_run_over_mutual_tls(tmp_path):
+    out, pki = tmp_path / "run", tmp_path / "pki"
+    sets = [a for s in SMALL + ["run.rounds=2"] for a in ("--set", s)]
+    result = hfl("run", *sets, "--out", str(out), "--certs", str(pki), "--quiet")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (pki / "ca.pem").exists() and (pki / "nodes" / "devices-001-0.pem").exists()
+    assert json.loads((out / "summary.json").read_text())["final_accuracy"] > 0.5
+    for name in ("cloud", "edge-001", "devices-001-0"):
+        assert f"transport: mutual TLS with {pki / 'nodes' / name}.pem" in (out / "logs" / f"{name}.log").read_text()

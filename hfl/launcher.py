@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import signal
-import sys
 import time
 
 from rich.console import Console
@@ -40,11 +39,15 @@ def _table(bed: Testbed, rows: list[dict], started: float, phase: str) -> Table:
     return table
 
 
+def _interrupt(*_) -> None:
+    raise KeyboardInterrupt  # SIGTERM stops the whole testbed like Ctrl-C
+
+
 def run_with_progress(config, overrides, out=None, quiet: bool = False, certs: str | None = None) -> int:
     console = Console(stderr=True)
     bed = Testbed(config, overrides, run_dir=out, certs=certs)
     started = time.monotonic()
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    signal.signal(signal.SIGTERM, _interrupt)
     rows: list[dict] = []
     try:
         console.print(f"run directory: {bed.run_dir}")
@@ -80,5 +83,6 @@ def run_with_progress(config, overrides, out=None, quiet: bool = False, certs: s
     console.print(f"final accuracy {100 * summary['final_accuracy']:.2f}% after {summary['rounds']} rounds "
                   f"in {summary['wall_seconds']:.1f}s ({summary['algorithm']}, seed {summary['seed']})")
     console.print(f"results: {bed.run_dir}/metrics.jsonl, summary.json, accuracy.png; logs in {bed.logs}")
-    print(json.dumps(summary), file=sys.stdout) if quiet else None
+    if quiet:
+        print(json.dumps(summary))
     return 0

@@ -90,3 +90,18 @@ def test_hfl_run_over_mutual_tls(tmp_path):
     assert json.loads((out / "summary.json").read_text())["final_accuracy"] > 0.5
     for name in ("cloud", "edge-001", "devices-001-0"):
         assert f"transport: mutual TLS with {pki / 'nodes' / name}.pem" in (out / "logs" / f"{name}.log").read_text()
+
+
+def test_sigterm_stops_every_process(tmp_path):
+    out = tmp_path / "run"
+    sets = [a for s in SMALL + ["run.rounds=50"] for a in ("--set", s)]
+    proc = subprocess.Popen([sys.executable, "-m", "hfl.cli", "run", *sets, "--out", str(out), "--quiet"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (out / "metrics.jsonl").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert leftovers(str(out)), "the testbed should be running"
+    proc.terminate()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "stopping every process" in err
+    assert leftovers(str(out)) == []

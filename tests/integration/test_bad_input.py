@@ -66,7 +66,7 @@ def attack_edge_and_cloud(tb, dev, round_, step, kind, good):
     bad["oversized"] = status_of(lambda: dev.exchange(b"\x00" * (2 << 20)))
     bad["malformed"] = status_of(lambda: dev.exchange(b"\xff\xff\xff\xff\x0f"))
     pending = dev.exchange_in_background(good)
-    time.sleep(0.5)
+    time.sleep(1.5)  # let the edge accept the genuine upload before its replay arrives
     bad["replay"] = status_of(lambda: dev.exchange(good))
     # the cloud, while edge-001 cannot have submitted yet
     edge = RawEdge(tb.cloud_address)

@@ -18,14 +18,13 @@ import tempfile
 import threading
 import time
 
-import numpy as np
 import psutil
 import torch
 from torch.nn import functional as F
 
 from hfl.common import config as config_mod
 from hfl.common.data import load_dataset
-from hfl.common.models import build, get_flat, init_parameters
+from hfl.common.models import build, init_parameters
 from hfl.common.partition import partition
 from hfl.common.seeding import numpy_rng, torch_generator
 from hfl.testbed import Testbed

@@ -34,7 +34,6 @@ class EdgeResult:
     devices: int
     samples: int
     scalars: dict
-    size: int
 
 
 class CloudServer(pbg.CloudServiceServicer):
@@ -133,7 +132,7 @@ class CloudServer(pbg.CloudServiceServicer):
         delta, _ = self.backhaul.receive(wire.single_tensor(envelope, "delta"), self.dim, self.cfg.run.seed, idx,
                                          self.round, meta.step)
         scalars = {k: v for k, v in envelope.scalars.items() if np.isfinite(v)}
-        return EdgeResult(delta, meta.num_devices, meta.num_samples, scalars, 0)
+        return EdgeResult(delta, meta.num_devices, meta.num_samples, scalars)
 
     async def Submit(self, request_iterator, context) -> pb.Ack:
         try:
@@ -141,7 +140,6 @@ class CloudServer(pbg.CloudServiceServicer):
             result = self._validate(envelope, context)
         except wire.WireError as exc:
             await refuse(context, self.refusals, exc)
-        result.size = size
         self.bytes_up += size
         self.results[envelope.meta.sender_id] = result
         if self.alive <= set(self.results):

@@ -1,7 +1,7 @@
 """Round plans as data: each algorithm is a function from the config to a list of phases."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from hfl.proto import hfl_v1_pb2 as pb

@@ -14,7 +14,6 @@ import logging
 import os
 import signal
 import sys
-import time
 
 
 def _setup_logging(role: str) -> None:
@@ -93,12 +92,15 @@ def cmd_config(args) -> int:
 
 
 def cmd_health(args) -> int:
+    import grpc
+
     from hfl.common.rpc import check_health_sync
 
     try:
         status = check_health_sync(args.address, args.timeout, **_tls(args, "probe").probe_kwargs())
     except Exception as exc:  # the probe's whole job is to say "no"
-        print(f"{args.address}: {exc.__class__.__name__}: {getattr(exc, 'details', lambda: exc)()}", file=sys.stderr)
+        detail = exc.details() if isinstance(exc, grpc.RpcError) else exc
+        print(f"{args.address}: {exc.__class__.__name__}: {detail}", file=sys.stderr)
         return 1
     print(f"{args.address}: {status}")
     return 0 if status == "SERVING" else 1

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16hfl/proto/hfl_v1.proto\x12\x06hfl.v1\"T\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x10\n\x08\x65ncoding\x18\x04 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\"\xa2\x01\n\tTransform\x12\r\n\x05stage\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04tier\x18\x03 \x01(\t\x12\x0c\n\x04\x62its\x18\x04 \x01(\x03\x12-\n\x06params\x18\x05 \x03(\x0b\x32\x1d.hfl.v1.Transform.ParamsEntry\x1a-\n\x0bParamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xa6\x01\n\x04Meta\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x03\x12\r\n\x05phase\x18\x03 \x01(\t\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\x11\n\tsender_id\x18\x05 \x01(\t\x12\x13\n\x0bnum_samples\x18\x06 \x01(\x03\x12%\n\ntransforms\x18\x07 \x03(\x0b\x32\x11.hfl.v1.Transform\x12\x13\n\x0bnum_devices\x18\x08 \x01(\x03\"o\n\x05Phase\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12)\n\x06params\x18\x02 \x03(\x0b\x32\x19.hfl.v1.Phase.ParamsEntry\x1a-\n\x0bParamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"K\n\tRoundTask\x12\r\n\x05round\x18\x01 \x01(\x03\x12\x1d\n\x06phases\x18\x02 \x03(\x0b\x32\r.hfl.v1.Phase\x12\x10\n\x08\x66inished\x18\x03 \x01(\x08\"\xc8\x01\n\x08\x45nvelope\x12\x1a\n\x04meta\x18\x01 \x01(\x0b\x32\x0c.hfl.v1.Meta\x12\x1f\n\x07tensors\x18\x02 \x03(\x0b\x32\x0e.hfl.v1.Tensor\x12.\n\x07scalars\x18\x03 \x03(\x0b\x32\x1d.hfl.v1.Envelope.ScalarsEntry\x12\x1f\n\x04task\x18\x04 \x01(\x0b\x32\x11.hfl.v1.RoundTask\x1a.\n\x0cScalarsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x15\n\x05\x43hunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"G\n\x0fRegisterRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x13\n\x0bnum_samples\x18\x03 \x01(\x03\"W\n\rRegisterReply\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tspec_json\x18\x02 \x01(\t\x12\x12\n\ncluster_id\x18\x03 \x01(\t\x12\x0f\n\x07members\x18\x04 \x03(\t\"D\n\x0c\x46\x65tchRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x13\n\x0b\x61\x66ter_round\x18\x03 \x01(\x03\"\'\n\x03\x41\x63k\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\t2\xac\x01\n\x0b\x45\x64geService\x12:\n\x08Register\x12\x17.hfl.v1.RegisterRequest\x1a\x15.hfl.v1.RegisterReply\x12\x33\n\nFetchRound\x12\x14.hfl.v1.FetchRequest\x1a\r.hfl.v1.Chunk0\x01\x12,\n\x08\x45xchange\x12\r.hfl.v1.Chunk\x1a\r.hfl.v1.Chunk(\x01\x30\x01\x32\xa7\x01\n\x0c\x43loudService\x12:\n\x08Register\x12\x17.hfl.v1.RegisterRequest\x1a\x15.hfl.v1.RegisterReply\x12\x33\n\nFetchRound\x12\x14.hfl.v1.FetchRequest\x1a\r.hfl.v1.Chunk0\x01\x12&\n\x06Submit\x12\r.hfl.v1.Chunk\x1a\x0b.hfl.v1.Ack(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16hfl/proto/hfl_v1.proto\x12\x06hfl.v1\"T\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x10\n\x08\x65ncoding\x18\x04 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\"\xa2\x01\n\tTransform\x12\r\n\x05stage\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04tier\x18\x03 \x01(\t\x12\x0c\n\x04\x62its\x18\x04 \x01(\x03\x12-\n\x06params\x18\x05 \x03(\x0b\x32\x1d.hfl.v1.Transform.ParamsEntry\x1a-\n\x0bParamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xb7\x01\n\x04Meta\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x03\x12\r\n\x05phase\x18\x03 \x01(\t\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\x11\n\tsender_id\x18\x05 \x01(\t\x12\x13\n\x0bnum_samples\x18\x06 \x01(\x03\x12%\n\ntransforms\x18\x07 \x03(\x0b\x32\x11.hfl.v1.Transform\x12\x13\n\x0bnum_devices\x18\x08 \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\t \x01(\x03\"o\n\x05Phase\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12)\n\x06params\x18\x02 \x03(\x0b\x32\x19.hfl.v1.Phase.ParamsEntry\x1a-\n\x0bParamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\\\n\tRoundTask\x12\r\n\x05round\x18\x01 \x01(\x03\x12\x1d\n\x06phases\x18\x02 \x03(\x0b\x32\r.hfl.v1.Phase\x12\x10\n\x08\x66inished\x18\x03 \x01(\x08\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\x03\"\xc8\x01\n\x08\x45nvelope\x12\x1a\n\x04meta\x18\x01 \x01(\x0b\x32\x0c.hfl.v1.Meta\x12\x1f\n\x07tensors\x18\x02 \x03(\x0b\x32\x0e.hfl.v1.Tensor\x12.\n\x07scalars\x18\x03 \x03(\x0b\x32\x1d.hfl.v1.Envelope.ScalarsEntry\x12\x1f\n\x04task\x18\x04 \x01(\x0b\x32\x11.hfl.v1.RoundTask\x1a.\n\x0cScalarsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x15\n\x05\x43hunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"W\n\x0fRegisterRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x13\n\x0bnum_samples\x18\x03 \x01(\x03\x12\x0e\n\x06rejoin\x18\x04 \x01(\x08\"}\n\rRegisterReply\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tspec_json\x18\x02 \x01(\t\x12\x12\n\ncluster_id\x18\x03 \x01(\t\x12\x0f\n\x07members\x18\x04 \x03(\t\x12\x15\n\rsession_token\x18\x05 \x01(\t\x12\r\n\x05round\x18\x06 \x01(\x03\"[\n\x0c\x46\x65tchRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x13\n\x0b\x61\x66ter_round\x18\x03 \x01(\x03\x12\x15\n\rafter_attempt\x18\x04 \x01(\x03\"2\n\x0fPresenceRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\"\x1e\n\rPresenceEvent\x12\r\n\x05round\x18\x01 \x01(\x03\"\'\n\x03\x41\x63k\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\t2\xea\x01\n\x0b\x45\x64geService\x12:\n\x08Register\x12\x17.hfl.v1.RegisterRequest\x1a\x15.hfl.v1.RegisterReply\x12\x33\n\nFetchRound\x12\x14.hfl.v1.FetchRequest\x1a\r.hfl.v1.Chunk0\x01\x12,\n\x08\x45xchange\x12\r.hfl.v1.Chunk\x1a\r.hfl.v1.Chunk(\x01\x30\x01\x12<\n\x08Presence\x12\x17.hfl.v1.PresenceRequest\x1a\x15.hfl.v1.PresenceEvent0\x01\x32\xe5\x01\n\x0c\x43loudService\x12:\n\x08Register\x12\x17.hfl.v1.RegisterRequest\x1a\x15.hfl.v1.RegisterReply\x12\x33\n\nFetchRound\x12\x14.hfl.v1.FetchRequest\x1a\r.hfl.v1.Chunk0\x01\x12&\n\x06Submit\x12\r.hfl.v1.Chunk\x1a\x0b.hfl.v1.Ack(\x01\x12<\n\x08Presence\x12\x17.hfl.v1.PresenceRequest\x1a\x15.hfl.v1.PresenceEvent0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,29 +44,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TRANSFORM_PARAMSENTRY']._serialized_start=238
   _globals['_TRANSFORM_PARAMSENTRY']._serialized_end=283
   _globals['_META']._serialized_start=286
-  _globals['_META']._serialized_end=452
-  _globals['_PHASE']._serialized_start=454
-  _globals['_PHASE']._serialized_end=565
+  _globals['_META']._serialized_end=469
+  _globals['_PHASE']._serialized_start=471
+  _globals['_PHASE']._serialized_end=582
   _globals['_PHASE_PARAMSENTRY']._serialized_start=238
   _globals['_PHASE_PARAMSENTRY']._serialized_end=283
-  _globals['_ROUNDTASK']._serialized_start=567
-  _globals['_ROUNDTASK']._serialized_end=642
-  _globals['_ENVELOPE']._serialized_start=645
-  _globals['_ENVELOPE']._serialized_end=845
-  _globals['_ENVELOPE_SCALARSENTRY']._serialized_start=799
-  _globals['_ENVELOPE_SCALARSENTRY']._serialized_end=845
-  _globals['_CHUNK']._serialized_start=847
-  _globals['_CHUNK']._serialized_end=868
-  _globals['_REGISTERREQUEST']._serialized_start=870
-  _globals['_REGISTERREQUEST']._serialized_end=941
-  _globals['_REGISTERREPLY']._serialized_start=943
-  _globals['_REGISTERREPLY']._serialized_end=1030
-  _globals['_FETCHREQUEST']._serialized_start=1032
-  _globals['_FETCHREQUEST']._serialized_end=1100
-  _globals['_ACK']._serialized_start=1102
-  _globals['_ACK']._serialized_end=1141
-  _globals['_EDGESERVICE']._serialized_start=1144
-  _globals['_EDGESERVICE']._serialized_end=1316
-  _globals['_CLOUDSERVICE']._serialized_start=1319
-  _globals['_CLOUDSERVICE']._serialized_end=1486
+  _globals['_ROUNDTASK']._serialized_start=584
+  _globals['_ROUNDTASK']._serialized_end=676
+  _globals['_ENVELOPE']._serialized_start=679
+  _globals['_ENVELOPE']._serialized_end=879
+  _globals['_ENVELOPE_SCALARSENTRY']._serialized_start=833
+  _globals['_ENVELOPE_SCALARSENTRY']._serialized_end=879
+  _globals['_CHUNK']._serialized_start=881
+  _globals['_CHUNK']._serialized_end=902
+  _globals['_REGISTERREQUEST']._serialized_start=904
+  _globals['_REGISTERREQUEST']._serialized_end=991
+  _globals['_REGISTERREPLY']._serialized_start=993
+  _globals['_REGISTERREPLY']._serialized_end=1118
+  _globals['_FETCHREQUEST']._serialized_start=1120
+  _globals['_FETCHREQUEST']._serialized_end=1211
+  _globals['_PRESENCEREQUEST']._serialized_start=1213
+  _globals['_PRESENCEREQUEST']._serialized_end=1263
+  _globals['_PRESENCEEVENT']._serialized_start=1265
+  _globals['_PRESENCEEVENT']._serialized_end=1295
+  _globals['_ACK']._serialized_start=1297
+  _globals['_ACK']._serialized_end=1336
+  _globals['_EDGESERVICE']._serialized_start=1339
+  _globals['_EDGESERVICE']._serialized_end=1573
+  _globals['_CLOUDSERVICE']._serialized_start=1576
+  _globals['_CLOUDSERVICE']._serialized_end=1805
 # @@protoc_insertion_point(module_scope)

@@ -42,7 +42,7 @@ class Transform(_message.Message):
     def __init__(self, stage: _Optional[str] = ..., name: _Optional[str] = ..., tier: _Optional[str] = ..., bits: _Optional[int] = ..., params: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class Meta(_message.Message):
-    __slots__ = ("run_id", "round", "phase", "step", "sender_id", "num_samples", "transforms", "num_devices")
+    __slots__ = ("run_id", "round", "phase", "step", "sender_id", "num_samples", "transforms", "num_devices", "attempt")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
@@ -51,6 +51,7 @@ class Meta(_message.Message):
     NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     TRANSFORMS_FIELD_NUMBER: _ClassVar[int]
     NUM_DEVICES_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     round: int
     phase: str
@@ -59,7 +60,8 @@ class Meta(_message.Message):
     num_samples: int
     transforms: _containers.RepeatedCompositeFieldContainer[Transform]
     num_devices: int
-    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., phase: _Optional[str] = ..., step: _Optional[int] = ..., sender_id: _Optional[str] = ..., num_samples: _Optional[int] = ..., transforms: _Optional[_Iterable[_Union[Transform, _Mapping]]] = ..., num_devices: _Optional[int] = ...) -> None: ...
+    attempt: int
+    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., phase: _Optional[str] = ..., step: _Optional[int] = ..., sender_id: _Optional[str] = ..., num_samples: _Optional[int] = ..., transforms: _Optional[_Iterable[_Union[Transform, _Mapping]]] = ..., num_devices: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class Phase(_message.Message):
     __slots__ = ("kind", "params")
@@ -77,14 +79,16 @@ class Phase(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., params: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class RoundTask(_message.Message):
-    __slots__ = ("round", "phases", "finished")
+    __slots__ = ("round", "phases", "finished", "attempt")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     PHASES_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     round: int
     phases: _containers.RepeatedCompositeFieldContainer[Phase]
     finished: bool
-    def __init__(self, round: _Optional[int] = ..., phases: _Optional[_Iterable[_Union[Phase, _Mapping]]] = ..., finished: _Optional[bool] = ...) -> None: ...
+    attempt: int
+    def __init__(self, round: _Optional[int] = ..., phases: _Optional[_Iterable[_Union[Phase, _Mapping]]] = ..., finished: _Optional[bool] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class Envelope(_message.Message):
     __slots__ = ("meta", "tensors", "scalars", "task")
@@ -112,36 +116,58 @@ class Chunk(_message.Message):
     def __init__(self, data: _Optional[bytes] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("run_id", "node_id", "num_samples")
+    __slots__ = ("run_id", "node_id", "num_samples", "rejoin")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    REJOIN_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     node_id: str
     num_samples: int
-    def __init__(self, run_id: _Optional[str] = ..., node_id: _Optional[str] = ..., num_samples: _Optional[int] = ...) -> None: ...
+    rejoin: bool
+    def __init__(self, run_id: _Optional[str] = ..., node_id: _Optional[str] = ..., num_samples: _Optional[int] = ..., rejoin: _Optional[bool] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
-    __slots__ = ("run_id", "spec_json", "cluster_id", "members")
+    __slots__ = ("run_id", "spec_json", "cluster_id", "members", "session_token", "round")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_JSON_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     spec_json: str
     cluster_id: str
     members: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, run_id: _Optional[str] = ..., spec_json: _Optional[str] = ..., cluster_id: _Optional[str] = ..., members: _Optional[_Iterable[str]] = ...) -> None: ...
+    session_token: str
+    round: int
+    def __init__(self, run_id: _Optional[str] = ..., spec_json: _Optional[str] = ..., cluster_id: _Optional[str] = ..., members: _Optional[_Iterable[str]] = ..., session_token: _Optional[str] = ..., round: _Optional[int] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
-    __slots__ = ("run_id", "node_id", "after_round")
+    __slots__ = ("run_id", "node_id", "after_round", "after_attempt")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     AFTER_ROUND_FIELD_NUMBER: _ClassVar[int]
+    AFTER_ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     node_id: str
     after_round: int
-    def __init__(self, run_id: _Optional[str] = ..., node_id: _Optional[str] = ..., after_round: _Optional[int] = ...) -> None: ...
+    after_attempt: int
+    def __init__(self, run_id: _Optional[str] = ..., node_id: _Optional[str] = ..., after_round: _Optional[int] = ..., after_attempt: _Optional[int] = ...) -> None: ...
+
+class PresenceRequest(_message.Message):
+    __slots__ = ("run_id", "node_id")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    node_id: str
+    def __init__(self, run_id: _Optional[str] = ..., node_id: _Optional[str] = ...) -> None: ...
+
+class PresenceEvent(_message.Message):
+    __slots__ = ("round",)
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    def __init__(self, round: _Optional[int] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("accepted", "detail")

@@ -50,6 +50,11 @@ class EdgeServiceStub:
                 request_serializer=hfl_dot_proto_dot_hfl__v1__pb2.Chunk.SerializeToString,
                 response_deserializer=hfl_dot_proto_dot_hfl__v1__pb2.Chunk.FromString,
                 _registered_method=True)
+        self.Presence = channel.unary_stream(
+                '/hfl.v1.EdgeService/Presence',
+                request_serializer=hfl_dot_proto_dot_hfl__v1__pb2.PresenceRequest.SerializeToString,
+                response_deserializer=hfl_dot_proto_dot_hfl__v1__pb2.PresenceEvent.FromString,
+                _registered_method=True)
 
 
 class EdgeServiceServicer:
@@ -76,6 +81,12 @@ class EdgeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Presence(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EdgeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -93,6 +104,11 @@ def add_EdgeServiceServicer_to_server(servicer, server):
                     servicer.Exchange,
                     request_deserializer=hfl_dot_proto_dot_hfl__v1__pb2.Chunk.FromString,
                     response_serializer=hfl_dot_proto_dot_hfl__v1__pb2.Chunk.SerializeToString,
+            ),
+            'Presence': grpc.unary_stream_rpc_method_handler(
+                    servicer.Presence,
+                    request_deserializer=hfl_dot_proto_dot_hfl__v1__pb2.PresenceRequest.FromString,
+                    response_serializer=hfl_dot_proto_dot_hfl__v1__pb2.PresenceEvent.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -187,6 +203,33 @@ class EdgeService:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def Presence(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/hfl.v1.EdgeService/Presence',
+            hfl_dot_proto_dot_hfl__v1__pb2.PresenceRequest.SerializeToString,
+            hfl_dot_proto_dot_hfl__v1__pb2.PresenceEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class CloudServiceStub:
     """Served by the cloud server to the edges.
@@ -213,6 +256,11 @@ class CloudServiceStub:
                 request_serializer=hfl_dot_proto_dot_hfl__v1__pb2.Chunk.SerializeToString,
                 response_deserializer=hfl_dot_proto_dot_hfl__v1__pb2.Ack.FromString,
                 _registered_method=True)
+        self.Presence = channel.unary_stream(
+                '/hfl.v1.CloudService/Presence',
+                request_serializer=hfl_dot_proto_dot_hfl__v1__pb2.PresenceRequest.SerializeToString,
+                response_deserializer=hfl_dot_proto_dot_hfl__v1__pb2.PresenceEvent.FromString,
+                _registered_method=True)
 
 
 class CloudServiceServicer:
@@ -237,6 +285,12 @@ class CloudServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Presence(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CloudServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -254,6 +308,11 @@ def add_CloudServiceServicer_to_server(servicer, server):
                     servicer.Submit,
                     request_deserializer=hfl_dot_proto_dot_hfl__v1__pb2.Chunk.FromString,
                     response_serializer=hfl_dot_proto_dot_hfl__v1__pb2.Ack.SerializeToString,
+            ),
+            'Presence': grpc.unary_stream_rpc_method_handler(
+                    servicer.Presence,
+                    request_deserializer=hfl_dot_proto_dot_hfl__v1__pb2.PresenceRequest.FromString,
+                    response_serializer=hfl_dot_proto_dot_hfl__v1__pb2.PresenceEvent.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -338,6 +397,33 @@ class CloudService:
             '/hfl.v1.CloudService/Submit',
             hfl_dot_proto_dot_hfl__v1__pb2.Chunk.SerializeToString,
             hfl_dot_proto_dot_hfl__v1__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Presence(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/hfl.v1.CloudService/Presence',
+            hfl_dot_proto_dot_hfl__v1__pb2.PresenceRequest.SerializeToString,
+            hfl_dot_proto_dot_hfl__v1__pb2.PresenceEvent.FromString,
             options,
             channel_credentials,
             insecure,

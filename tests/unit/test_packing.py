@@ -36,4 +36,4 @@ def test_bad_input_names_the_parameter():
     with pytest.raises(ValueError, match=r"\[0, 7\]"):
         pack(np.array([-1]), 3)
     with pytest.raises(ValueError, match="bytes"):
-        unpack(b"\x00\x00", 3, 3)
+        unpack(b"\x00\x00", 3, 6)

@@ -1,11 +1,18 @@
-"""Cloud server: drives the run, aggregates edge results, evaluates every round, writes the run directory."""
+"""Cloud server: drives the run, aggregates edge results, evaluates every round, writes the run directory.
+
+Nothing it acknowledged is lost in a crash: an accepted edge result is written to `pending/` before the
+edge gets its Ack, and every round ends with an atomic checkpoint. `--resume` continues the same run id
+from the checkpoint; edges and devices reconnect on their own.
+"""
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
 import json
 import logging
+import os
 import pathlib
+import shutil
 import time
 import uuid
 from dataclasses import dataclass
@@ -15,12 +22,14 @@ import numpy as np
 import torch
 
 from hfl.common import config as config_mod
-from hfl.common import metrics, plans, rpc, topology, wire
+from hfl.common import metrics, plans, robust, rpc, topology, validate, wire
+from hfl.common.rundir import check_run_dir
 from hfl.common.data import load_dataset
 from hfl.common.models import build, get_flat, init_parameters, num_parameters
-from hfl.common.pipeline import Link, aggregate
-from hfl.common.seeding import torch_generator
-from hfl.common.service_base import Refusals, RoundBoard, refuse
+from hfl.common.partition import partition
+from hfl.common.pipeline import Link
+from hfl.common.seeding import numpy_rng, torch_generator
+from hfl.common.service_base import Liveness, Refusals, RoundBoard, hold_presence, refuse
 from hfl.device_client.training import evaluate, make_shard
 from hfl.proto import hfl_v1_pb2 as pb
 from hfl.proto import hfl_v1_pb2_grpc as pbg
@@ -37,21 +46,25 @@ class EdgeResult:
 
 
 class CloudServer(pbg.CloudServiceServicer):
-    def __init__(self, cfg: config_mod.Config, run_dir: pathlib.Path, server: rpc.Server, admit=None):
+    def __init__(self, cfg: config_mod.Config, run_dir: pathlib.Path, server: rpc.Server, admit=None,
+                 resume: bool = False):
         self.cfg = cfg
         self.run_dir = run_dir
         self.server = server
         self.admit = admit
+        self.resume = resume
         self.run_id = f"{cfg.run.name}-{uuid.uuid4().hex[:8]}"
         self.edges = topology.edge_ids(cfg)
-        self.registered: set[str] = set()
-        self.alive: set[str] = set()
-        self.dropped: set[str] = set()
+        self.live = Liveness(cfg.net.rejoin_grace_s)
+        self.ready: set[str] = set()
+        self.excluded: set[str] = set()
+        self.started = False
+        self.stop = asyncio.Event()
+        self.rejected_aggregates = 0
         self.refusals = Refusals()
         self.board = RoundBoard()
         self.round = -1
         self.results: dict[str, EdgeResult] = {}
-        self.all_in = asyncio.Event()
         self.joined = asyncio.Event()
         self.chunk_bytes = cfg.net.chunk_kib * 1024
         self.max_bytes = cfg.net.max_message_mb << 20
@@ -72,154 +85,272 @@ class CloudServer(pbg.CloudServiceServicer):
         init_parameters(self.model, torch_generator(self.cfg.run.seed, "cloud", 0, 0, "init"))
         self.w = get_flat(self.model)
         self.dim = num_parameters(self.model)
-        self.spec_json = json.dumps({"config": config_mod.to_dict(self.cfg), "model_dim": self.dim})
+        parts = partition(data.y_train, self.cfg.num_devices, numpy_rng(self.cfg.run.seed, "data", "partition"), self.cfg.data)
+        self.device_samples = [len(p) for p in parts]  # the claim each device's registration is checked against
+        self.cluster_samples = {e: sum(self.device_samples[topology.device_index(d)]
+                                       for d in topology.edge_members(self.cfg, topology.edge_index(e))) for e in self.edges}
+        self.first_round, self.rows = 0, []
+        if self.resume:
+            self._load_checkpoint()
+        self.spec_json = json.dumps({"config": config_mod.to_dict(self.cfg), "model_dim": self.dim,
+                                     "samples": self.device_samples})
         log.info("model %s: %d parameters; %d test samples; run %s", self.cfg.model.name, self.dim, len(self.test), self.run_id)
 
     # ---- edge-facing RPCs -------------------------------------------------------------------
     def _check_edge(self, context, node: str) -> None:
+        validate.check_id(node, "node_id")
         if node not in self.edges:
             raise wire.WireError(grpc.StatusCode.PERMISSION_DENIED,
-                                 f"{node!r} is not an edge of this run ({self.edges[0]}..{self.edges[-1]})", "unknown_edge")
+                                 f"{validate.short(node)} is not an edge of this run ({self.edges[0]}..{self.edges[-1]})",
+                                 "unknown_edge")
         if self.admit is not None:
             self.admit(context, node, self.edges)  # mutual TLS: the certificate must name `node`
-        if node in self.dropped:
-            raise wire.WireError(grpc.StatusCode.FAILED_PRECONDITION, f"{node} was dropped from this run", "dropped")
+
+    def _authenticate(self, context, node: str) -> str:
+        self._check_edge(context, node)
+        return self.live.sessions.check(context, node)
 
     async def Register(self, request: pb.RegisterRequest, context) -> pb.RegisterReply:
+        node = request.node_id
         try:
-            self._check_edge(context, request.node_id)
-            if self.round >= 0 and request.node_id not in self.alive:
-                raise wire.WireError(grpc.StatusCode.FAILED_PRECONDITION, "the run has started without this edge", "late")
+            self._check_edge(context, node)
+            validate.check_id(request.run_id, "run_id", validate.MAX_RUN_ID)
+            if request.run_id and request.run_id != self.run_id:
+                raise wire.WireError(grpc.StatusCode.FAILED_PRECONDITION,
+                                     f"run {validate.short(request.run_id)} is not this cloud's run ({self.run_id})",
+                                     "wrong_run")
+            if self.live.sessions.has(node):
+                raise wire.WireError(grpc.StatusCode.ALREADY_EXISTS,
+                                     f"{node} is registered and live: a second session is refused until the first ends",
+                                     "already_registered")
+            if self.started and not request.rejoin:
+                raise wire.WireError(grpc.StatusCode.FAILED_PRECONDITION,
+                                     f"the run has started: {node} can only come back with rejoin", "started")
         except wire.WireError as exc:
             await refuse(context, self.refusals, exc)
-        self.registered.add(request.node_id)
-        return pb.RegisterReply(run_id=self.run_id, spec_json=self.spec_json, cluster_id="cloud", members=self.edges)
+        if node in self.live.lost or node in self.live.absent:
+            log.info("%s rejoined during round %d", node, self.round)
+        token = self.live.registered(node)
+        return pb.RegisterReply(run_id=self.run_id, spec_json=self.spec_json, cluster_id="cloud", members=self.edges,
+                                session_token=token, round=self.round if self.started else -1)
+
+    async def Presence(self, request: pb.PresenceRequest, context) -> None:
+        try:
+            token = self._authenticate(context, request.node_id)
+        except wire.WireError as exc:
+            await refuse(context, self.refusals, exc)
+        await hold_presence(context, self.live, request.node_id, token, self.round, self.stop)
 
     async def FetchRound(self, request: pb.FetchRequest, context):
         try:
-            self._check_edge(context, request.node_id)
-            if request.node_id not in self.registered:
-                raise wire.WireError(grpc.StatusCode.FAILED_PRECONDITION, f"{request.node_id} has not registered",
-                                     "not_registered")
+            self._authenticate(context, request.node_id)
         except wire.WireError as exc:
             await refuse(context, self.refusals, exc)
-        if request.after_round < 0 and self.round < 0:
-            self.alive.add(request.node_id)
-            if set(self.edges) <= self.alive:
-                self.joined.set()
-        round_, chunks, size = await self.board.wait_after(request.after_round)
+        self._mark_ready(request.node_id)
+        round_, chunks, size = await self.board.wait_after(request.after_round, request.after_attempt)
         for chunk in chunks:
             yield chunk
         self.bytes_down += size
         await self.board.mark_fetched(round_, request.node_id)
 
-    def _validate(self, envelope: pb.Envelope, context) -> EdgeResult:
+    def _mark_ready(self, node: str) -> None:
+        self.ready.add(node)
+        if set(self.edges) <= self.ready:
+            self.joined.set()
+        self.live.poke()
+
+    def _validate(self, envelope: pb.Envelope) -> EdgeResult:
         meta = envelope.meta
-        self._check_edge(context, meta.sender_id)
-        if meta.sender_id not in self.alive:
-            raise wire.WireError(grpc.StatusCode.FAILED_PRECONDITION, f"{meta.sender_id} is not part of this run", "not_joined")
         if meta.run_id != self.run_id:
-            raise wire.WireError(grpc.StatusCode.FAILED_PRECONDITION, f"update for run {meta.run_id!r}", "wrong_run")
+            raise wire.WireError(grpc.StatusCode.FAILED_PRECONDITION, f"update for run {validate.short(meta.run_id)}",
+                                 "wrong_run")
         if meta.round != self.round or meta.phase != plans.CLOUD_SYNC:
             raise wire.WireError(grpc.StatusCode.FAILED_PRECONDITION,
-                                 f"update for round {meta.round} ({meta.phase}), the cloud expects round {self.round} cloud_sync",
-                                 "wrong_round")
+                                 f"update for round {meta.round} ({validate.short(meta.phase)}), the cloud expects round "
+                                 f"{self.round} cloud_sync", "wrong_round")
         if meta.sender_id in self.results:
-            raise wire.WireError(grpc.StatusCode.ALREADY_EXISTS, f"{meta.sender_id} already submitted round {meta.round}", "replay")
-        if meta.num_devices < 0 or meta.num_samples < 0:
-            raise wire.WireError(grpc.StatusCode.INVALID_ARGUMENT, "negative device or sample count", "bad_counts")
+            raise wire.WireError(grpc.StatusCode.ALREADY_EXISTS, f"{meta.sender_id} already submitted round {meta.round}",
+                                 "replay")
+        validate.check_count(meta.num_devices, "num_devices", 0, self.cfg.topology.devices_per_edge)
+        validate.check_count(meta.num_samples, "num_samples", 0, self.cluster_samples[meta.sender_id])
         idx = topology.edge_index(meta.sender_id)
         delta, _ = self.backhaul.receive(wire.single_tensor(envelope, "delta"), self.dim, self.cfg.run.seed, idx,
                                          self.round, meta.step)
-        scalars = {k: v for k, v in envelope.scalars.items() if np.isfinite(v)}
+        scalars = validate.check_scalars(envelope.scalars, meta.sender_id)
         return EdgeResult(delta, meta.num_devices, meta.num_samples, scalars)
 
     async def Submit(self, request_iterator, context) -> pb.Ack:
         try:
             envelope, size = await wire.read_envelope(request_iterator, self.max_bytes)
-            result = self._validate(envelope, context)
+            validate.check_meta(envelope.meta, self.cfg.run.rounds, 1 << 16)
+            self._authenticate(context, envelope.meta.sender_id)
+            result = self._validate(envelope)
         except wire.WireError as exc:
             await refuse(context, self.refusals, exc)
+        node = envelope.meta.sender_id
         self.bytes_up += size
-        self.results[envelope.meta.sender_id] = result
-        if self.alive <= set(self.results):
-            self.all_in.set()
-        return pb.Ack(accepted=True, detail=f"round {self.round} from {envelope.meta.sender_id}")
+        self.results[node] = result
+        await asyncio.get_running_loop().run_in_executor(None, self._persist, self.round, node, result)
+        self.live.absent.discard(node)
+        self._mark_ready(node)
+        return pb.Ack(accepted=True, detail=f"round {self.round} from {node}")
+
+    def _pending(self, round_: int) -> pathlib.Path:
+        return self.run_dir / "pending" / f"round-{round_:06d}"
+
+    def _persist(self, round_: int, node: str, result: EdgeResult) -> None:
+        """Write an accepted edge result durably before the edge is told it was accepted."""
+        folder = self._pending(round_)
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f"{node}.tmp.npz"
+        with open(tmp, "wb") as fh:
+            np.savez(fh, delta=result.delta, devices=result.devices, samples=result.samples,
+                     scalars=json.dumps(result.scalars), run_id=self.run_id)
+            fh.flush()
+            os.fsync(fh.fileno())
+        tmp.replace(folder / f"{node}.npz")
+
+    def _load_pending(self, round_: int) -> None:
+        for path in sorted(self._pending(round_).glob("edge-*.npz")) if self._pending(round_).exists() else []:
+            if path.name.endswith(".tmp.npz"):
+                continue
+            with np.load(path) as f:
+                if str(f["run_id"]) != self.run_id:
+                    continue
+                self.results[path.stem] = EdgeResult(f["delta"], int(f["devices"]), int(f["samples"]),
+                                                     json.loads(str(f["scalars"])))
+        if self.results:
+            log.info("resumed round %d with the results already accepted from %s", round_, sorted(self.results))
+
+    def _load_checkpoint(self) -> None:
+        path = self.run_dir / "checkpoint.npz"
+        if not path.exists():
+            raise RuntimeError(f"--resume: {path} does not exist (nothing to resume)")
+        with np.load(path) as ckpt:
+            self.run_id = str(ckpt["run_id"])
+            last = int(ckpt["round"])
+            self.w = ckpt["weights"].astype(np.float32)
+            stats = json.loads(str(ckpt["row"])) if "row" in ckpt.files else None
+        if self.w.shape != (self.dim,):
+            raise RuntimeError(f"--resume: checkpoint holds {self.w.shape[0]} weights, the model has {self.dim}")
+        rows = [r for r in metrics.read_jsonl(self.run_dir / "metrics.jsonl") if r["round"] <= last]
+        if (not rows or rows[-1]["round"] < last) and stats is not None:
+            stats.update(self._evaluate(last))
+            rows.append(stats)
+        metrics.write_jsonl(self.run_dir / "metrics.jsonl", rows)
+        self.rows, self.first_round = rows, last + 1
+        log.info("resuming run %s after round %d (%d metrics rows kept)", self.run_id, last, len(rows))
 
     # ---- the run ----------------------------------------------------------------------------
     async def run(self) -> int:
         cfg = self.cfg
         metrics_path = self.run_dir / "metrics.jsonl"
-        metrics_path.unlink(missing_ok=True)
+        if not self.resume:
+            metrics_path.unlink(missing_ok=True)
         executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="eval")
         loop = asyncio.get_running_loop()
         await self.server.ready()
-        log.info("waiting for %d edges", len(self.edges))
-        try:
-            await asyncio.wait_for(self.joined.wait(), cfg.net.join_timeout_s)
-        except asyncio.TimeoutError:
-            pass
-        if not self.alive:
-            raise RuntimeError(f"no edge joined within {cfg.net.join_timeout_s}s")
-        self.dropped |= set(self.edges) - self.alive
-        if self.dropped:
-            log.warning("starting without edges %s", sorted(self.dropped))
+        if self.resume:
+            self.started = True  # edges come back with rejoin; the round barrier gives each its grace period
+        else:
+            log.info("waiting for %d edges", len(self.edges))
+            try:
+                await asyncio.wait_for(self.joined.wait(), cfg.net.join_timeout_s)
+            except asyncio.TimeoutError:
+                pass
+            if not self.ready:
+                raise RuntimeError(f"no edge joined within {cfg.net.join_timeout_s}s")
+            self.started = True
+            missing = set(self.edges) - self.ready
+            self.live.absent |= missing
+            if missing:
+                log.warning("starting without edges %s (they may still rejoin)", sorted(missing))
         plan = plans.build_plan(cfg)
-        started = time.monotonic()
+        rows = self.rows
+        started = time.monotonic() - (rows[-1]["wall_seconds"] if rows else 0.0)
         cloud_weights = plans.weights_rule(cfg, "cloud")
-        rows = []
-        for r in range(cfg.run.rounds):
+        for r in range(self.first_round, cfg.run.rounds):
             round_started = time.monotonic()
             self.round = r
             self.results = {}
-            self.all_in.clear()
+            if self.resume and r == self.first_round:
+                self._load_pending(r)
             tensor = self.downlink.send(self.w, "model", cfg.run.seed, 0, r, -1)[0]
             task = pb.RoundTask(round=r, phases=plan)
             await self.board.publish(r, pb.Envelope(meta=pb.Meta(run_id=self.run_id, round=r, sender_id="cloud"),
                                                     tensors=[tensor], task=task), self.chunk_bytes)
-            try:
-                await asyncio.wait_for(self.all_in.wait(), cfg.net.phase_timeout_s * (len(plan) + 1))
-            except asyncio.TimeoutError:
-                missing = self.alive - set(self.results)
-                log.warning("round %d: no result from %s; dropping them", r, sorted(missing))
-                self.alive -= missing
-                self.dropped |= missing
-            self.w = self._aggregate(cloud_weights)
-            self._checkpoint(r)
-            row = await loop.run_in_executor(executor, self._evaluate, r, rows)
-            row.update(self._round_stats(r, started, round_started))
+            await self._await_results(r, cfg.net.phase_timeout_s * (len(plan) + 1))
+            self.w, rejected = self._aggregate(cloud_weights)
+            stats = self._round_stats(r, started, round_started)
+            stats["aggregate_rejected"] = rejected
+            self._checkpoint(r, stats)
+            row = await loop.run_in_executor(executor, self._evaluate, r)
+            row.update(stats)
             rows.append(row)
             metrics.append_jsonl(metrics_path, row)
+            shutil.rmtree(self._pending(r), ignore_errors=True)
             log.info("round %d: accuracy %s loss %s (%.2fs)", r, row["accuracy"], row["loss"], row["round_seconds"])
-            if not self.alive:
+            if not self.results and not any(self.live.sessions.has(e) for e in self.edges):
                 log.error("every edge is gone; stopping")
                 break
         await self._finish(rows, started)
         executor.shutdown(wait=False)
-        return 0 if self.alive else 1
+        return 0 if any(r["edges"] for r in rows[-1:]) else 1
 
-    def _checkpoint(self, r: int) -> None:
-        """The global model after round r, replaced atomically so a crash never leaves half a file."""
+    async def _await_results(self, r: int, timeout: float) -> None:
+        """Wait for every expected edge; a lost edge gets its grace period, a silent one `timeout`."""
+        expected = set(self.edges) - self.live.absent
+        for node in expected:
+            if not self.live.sessions.has(node) and node not in self.live.lost:
+                self.live.lost[node] = time.monotonic()  # not connected now (a resumed cloud): same grace as a loss
+        deadline = time.monotonic() + timeout
+        while True:
+            for node in sorted(self.live.expire() & expected - set(self.results)):
+                log.warning("round %d: %s lost for %.0fs; going on without it", r, node, self.live.grace_s)
+            pending = expected - self.live.absent - set(self.results)
+            if not pending:
+                return
+            if time.monotonic() >= deadline:
+                log.warning("round %d: no result from %s; going on without them", r, sorted(pending))
+                self.live.absent |= pending
+                return
+            await self.live.wait(deadline)
+
+    def _checkpoint(self, r: int, stats: dict) -> None:
+        """The global model after round r (and the round's counters), replaced atomically and fsynced."""
         tmp = self.run_dir / "checkpoint.tmp.npz"
-        np.savez(tmp, round=r, weights=self.w, model=self.cfg.model.name, run_id=self.run_id)
+        with open(tmp, "wb") as fh:
+            np.savez(fh, round=r, weights=self.w, model=self.cfg.model.name, run_id=self.run_id,
+                     row=json.dumps(metrics.clean(stats)))
+            fh.flush()
+            os.fsync(fh.fileno())
         tmp.replace(self.run_dir / "checkpoint.npz")
 
-    def _aggregate(self, rule: str) -> np.ndarray:
+    def _aggregate(self, rule: str) -> tuple[np.ndarray, bool]:
         names = sorted(n for n, res in self.results.items() if res.devices > 0)  # arrival order must not matter
         if not names:
-            return self.w
+            return self.w, False
         weights = [self.results[n].samples if rule == "samples" else self.results[n].devices for n in names]
         # w_{t+1} = w_t + sum_l (N_l / N) delta_l  (or sample counts), in float64
-        step = aggregate(self.cfg.pipeline.aggregate, [self.results[n].delta for n in names], weights)
-        return (self.w.astype(np.float64) + step).astype(np.float32)
+        step = robust.aggregate(self.cfg.pipeline.aggregate, self.cfg.pipeline.params,
+                                [self.results[n].delta for n in names], weights)
+        new = (self.w.astype(np.float64) + step).astype(np.float32)
+        if not np.isfinite(new).all():
+            self.rejected_aggregates += 1
+            log.error("round %d: the aggregate has %d non-finite values; keeping the previous global model", self.round,
+                      int((~np.isfinite(new)).sum()))
+            return self.w, True
+        return new, False
 
-    def _evaluate(self, r: int, rows: list) -> dict:
+    def _evaluate(self, r: int) -> dict:
         last = r == self.cfg.run.rounds - 1
         if r % self.cfg.run.eval_every and not last:
             return {"round": r, "accuracy": None, "loss": None, "eval_seconds": 0.0}
         started = time.monotonic()
         accuracy, loss = evaluate(self.model, self.w, self.test)
-        return {"round": r, "accuracy": accuracy, "loss": loss, "eval_seconds": time.monotonic() - started}
+        diverged = not (np.isfinite(accuracy) and np.isfinite(loss))
+        return {"round": r, "accuracy": accuracy, "loss": loss, "eval_seconds": time.monotonic() - started,
+                "diverged": diverged}
 
     def _round_stats(self, r: int, started: float, round_started: float) -> dict:
         res = self.results.values()
@@ -229,6 +360,8 @@ class CloudServer(pbg.CloudServiceServicer):
             "bytes_down": int(self.bytes_down + sum(x.scalars.get("bytes_down", 0) for x in res)),
             "refused": int(self.refusals.take() + sum(x.scalars.get("refused", 0) for x in res)),
             "dropped_devices": int(sum(x.scalars.get("dropped", 0) for x in res)),
+            "rejoined_devices": int(sum(x.scalars.get("rejoined", 0) for x in res)),
+            "round_restarts": int(sum(x.scalars.get("restarts", 0) for x in res)),
             "edges": len(self.results),
             "devices": int(sum(x.devices for x in res)),
             "train_loss": (sum(l * n for l, n in train) / sum(n for _, n in train)) if train else None,
@@ -242,9 +375,11 @@ class CloudServer(pbg.CloudServiceServicer):
         final = self.round + 1
         await self.board.publish(final, pb.Envelope(meta=pb.Meta(run_id=self.run_id, round=final, sender_id="cloud"),
                                                     task=pb.RoundTask(round=final, finished=True)), self.chunk_bytes)
-        missing = await self.board.wait_fetched(final, set(self.alive), self.cfg.net.grace_s + 10)
+        live = {e for e in self.edges if self.live.sessions.has(e)}
+        missing = await self.board.wait_fetched(final, live, self.cfg.net.grace_s + 10)
         if missing:
             log.warning("edges that did not collect the final task: %s", sorted(missing))
+        self.stop.set()
         evaluated = [r for r in rows if r["accuracy"] is not None]
         summary = {
             "run_id": self.run_id,
@@ -259,7 +394,11 @@ class CloudServer(pbg.CloudServiceServicer):
             "bytes_down": sum(r["bytes_down"] for r in rows),
             "refused": sum(r["refused"] for r in rows) + self.refusals.take(),
             "refused_by_reason_at_cloud": dict(self.refusals.total),
-            "dropped_edges": sorted(self.dropped),
+            "dropped_edges": sorted(self.live.absent),
+            "aggregator": self.cfg.pipeline.aggregate,
+            "aggregates_rejected": self.rejected_aggregates,
+            "diverged": any(r.get("diverged") for r in rows),
+            "resumed": self.resume,
             "model": self.cfg.model.name,
             "model_parameters": self.dim,
             "dataset": self.cfg.data.dataset,
@@ -278,12 +417,14 @@ class CloudServer(pbg.CloudServiceServicer):
 
 
 async def serve(cfg: config_mod.Config, listen: str, run_dir: str, port_file: str | None = None, server_credentials=None,
-                admit=None) -> int:
+                admit=None, resume: bool = False, force: bool = False) -> int:
     out = pathlib.Path(run_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.toml").write_text(config_mod.to_toml(cfg))
+    check_run_dir(out, resume, force)
+    if not resume:
+        (out / "config.toml").write_text(config_mod.to_toml(cfg))
     server = rpc.Server(listen, rpc.MAX_CHUNK, server_credentials)
-    cloud = CloudServer(cfg, out, server, admit)
+    cloud = CloudServer(cfg, out, server, admit, resume)
     pbg.add_CloudServiceServicer_to_server(cloud, server.server)
     await server.start(port_file)
     log.info("cloud listening on %s", server.address)
@@ -291,4 +432,5 @@ async def serve(cfg: config_mod.Config, listen: str, run_dir: str, port_file: st
         await asyncio.get_running_loop().run_in_executor(None, cloud.prepare)
         return await cloud.run()
     finally:
+        cloud.stop.set()
         await server.stop(cfg.net.grace_s)

@@ -84,7 +84,7 @@ class PipelineSection:
     device_noise: str = choice("identity", "hfl.common.pipeline:VECTOR_STAGES", "device-tier DP noise")
     uplink_encoding: str = choice("float32", "hfl.common.wire:CODECS", "device -> edge encoding")
     uplink_channel: str = choice("ideal", "hfl.common.pipeline:CHANNELS", "device -> edge channel")
-    aggregate: str = choice("weighted_mean", "hfl.common.pipeline:AGGREGATORS", "aggregation rule")
+    aggregate: str = choice("weighted_mean", "hfl.common.robust:AGGREGATORS", "aggregation rule at edges and cloud (robust rules bound what one absurd update can do)")
     edge_noise: str = choice("identity", "hfl.common.pipeline:VECTOR_STAGES", "edge-tier DP noise")
     backhaul_encoding: str = choice("float32", "hfl.common.wire:CODECS", "edge -> cloud encoding")
     backhaul_channel: str = choice("ideal", "hfl.common.pipeline:CHANNELS", "edge -> cloud channel")
@@ -99,6 +99,9 @@ class NetSection:
     phase_timeout_s: float = doc(300.0, "how long a barrier waits for missing members before dropping them", min=0.1)
     join_timeout_s: float = doc(300.0, "how long the cloud waits for every edge and device to join", min=0.1)
     grace_s: float = doc(3.0, "graceful-stop time of every server", min=0.0)
+    rejoin_grace_s: float = doc(20.0, "how long a round waits for a lost node (process or link gone) to come back before "
+                                      "going on without it", min=0.0)
+    max_samples_per_device: int = doc(10_000_000, "largest sample count a device may claim at registration", min=1)
 
 
 @dataclass(frozen=True)

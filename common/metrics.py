@@ -2,16 +2,42 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import pathlib
 from typing import Any, Iterable
 
 
+def clean(obj: Any) -> Any:
+    """JSON has no NaN or infinity: a diverged value is written as null (rows also carry `diverged`)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [clean(v) for v in obj]
+    return obj
+
+
+def dumps(obj: Any, **kwargs: Any) -> str:
+    return json.dumps(clean(obj), sort_keys=True, allow_nan=False, **kwargs)
+
+
 def append_jsonl(path: pathlib.Path, row: dict[str, Any]) -> None:
     with open(path, "a") as fh:
-        fh.write(json.dumps(row, sort_keys=True) + "\n")
+        fh.write(dumps(row) + "\n")
         fh.flush()
         os.fsync(fh.fileno())
+
+
+def write_jsonl(path: pathlib.Path, rows: list[dict[str, Any]]) -> None:
+    """Replace a JSON-lines file atomically (used when a resumed run drops rows past its checkpoint)."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w") as fh:
+        fh.writelines(dumps(r) + "\n" for r in rows)
+        fh.flush()
+        os.fsync(fh.fileno())
+    tmp.replace(path)
 
 
 def read_jsonl(path: pathlib.Path) -> list[dict[str, Any]]:
@@ -29,7 +55,7 @@ def read_jsonl(path: pathlib.Path) -> list[dict[str, Any]]:
 
 def write_json(path: pathlib.Path, obj: Any) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    tmp.write_text(dumps(obj, indent=2) + "\n")
     tmp.replace(path)
 
 

@@ -17,6 +17,9 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
+KEEPALIVE_S = 10.0  # HTTP/2 ping interval on every channel: a silent network is noticed within ~2x this
+
+
 def message_options(chunk_bytes: int) -> list[tuple[str, int]]:
     cap = chunk_bytes + (1 << 20)
     return [
@@ -26,11 +29,20 @@ def message_options(chunk_bytes: int) -> list[tuple[str, int]]:
     ]
 
 
+def keepalive_options(server: bool, keepalive_s: float = KEEPALIVE_S) -> list[tuple[str, int]]:
+    ms = int(keepalive_s * 1000)
+    if server:  # accept the clients' pings, however idle the connection
+        return [("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.min_recv_ping_interval_without_data_ms", ms // 2),
+                ("grpc.http2.max_ping_strikes", 0), ("grpc.keepalive_time_ms", ms), ("grpc.keepalive_timeout_ms", ms)]
+    return [("grpc.keepalive_time_ms", ms), ("grpc.keepalive_timeout_ms", ms), ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0)]
+
+
 class Server:
     """A grpc.aio server bound to `listen`, serving the standard health service (NOT_SERVING until ready)."""
 
     def __init__(self, listen: str, chunk_bytes: int, credentials: grpc.ServerCredentials | None = None):
-        self.server = grpc.aio.server(options=message_options(chunk_bytes))
+        self.server = grpc.aio.server(options=message_options(chunk_bytes) + keepalive_options(server=True))
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         if credentials is None:
@@ -62,7 +74,7 @@ class Server:
 
 def channel(address: str, chunk_bytes: int, credentials: grpc.ChannelCredentials | None = None,
             override_host: str | None = None) -> grpc.aio.Channel:
-    options = message_options(chunk_bytes) + [("grpc.use_local_subchannel_pool", 1)]
+    options = message_options(chunk_bytes) + keepalive_options(server=False) + [("grpc.use_local_subchannel_pool", 1)]
     if override_host:
         options.append(("grpc.ssl_target_name_override", override_host))
     if credentials is None:

@@ -1,15 +1,19 @@
-"""What cloud and edge servers share: refusal accounting, round publication to long-polling children."""
+"""What cloud and edge servers share: refusal accounting, round publication to long-polling children,
+liveness of the nodes below (presence streams, grace periods) and their session tokens."""
 from __future__ import annotations
 
 import asyncio
 import collections
 import logging
+import time
 
 import grpc
 
 from hfl.proto import hfl_v1_pb2 as pb
 
 from . import wire
+from .session import Sessions
+from .validate import truncate
 
 log = logging.getLogger("hfl.service")
 
@@ -24,7 +28,7 @@ class Refusals:
     def add(self, reason: str, peer: str, detail: str) -> None:
         self.total[reason] += 1
         self._since += 1
-        log.warning("refused %s from %s: %s", reason, peer, detail)
+        log.warning("refused %s from %s: %s", reason, truncate(peer, 100), truncate(detail))
 
     def take(self) -> int:
         n, self._since = self._since, 0
@@ -36,24 +40,28 @@ class RoundBoard:
 
     def __init__(self) -> None:
         self.round = -1
+        self.attempt = 0
         self.finished = False
         self.chunks: list[pb.Chunk] = []
         self.size = 0
         self.fetched: dict[int, set[str]] = collections.defaultdict(set)
         self._cond = asyncio.Condition()
 
-    async def publish(self, round_: int, envelope: pb.Envelope, chunk_bytes: int) -> None:
+    async def publish(self, round_: int, envelope: pb.Envelope, chunk_bytes: int, attempt: int = 0) -> None:
         payload = envelope.SerializeToString()
         async with self._cond:
             self.round = round_
+            self.attempt = attempt
             self.finished = envelope.task.finished
             self.chunks = list(wire.to_chunks(payload, chunk_bytes))
             self.size = len(payload)
             self._cond.notify_all()
 
-    async def wait_after(self, after: int) -> tuple[int, list[pb.Chunk], int]:
+    async def wait_after(self, after: int, after_attempt: int = 0) -> tuple[int, list[pb.Chunk], int]:
+        """The first task later than (after, after_attempt): a new round, or a restart of the same one."""
         async with self._cond:
-            await self._cond.wait_for(lambda: self.round > after or (self.finished and self.round >= 0))
+            await self._cond.wait_for(lambda: (self.round, self.attempt) > (after, after_attempt)
+                                      or (self.finished and self.round >= 0))
             return self.round, self.chunks, self.size
 
     async def wait_fetched(self, round_: int, members: set[str], timeout: float) -> set[str]:
@@ -75,5 +83,80 @@ class RoundBoard:
 
 
 async def refuse(context: grpc.aio.ServicerContext, refusals: Refusals, exc: wire.WireError) -> None:
-    refusals.add(exc.reason, context.peer(), str(exc))
-    await context.abort(exc.code, str(exc))
+    detail = truncate(str(exc))
+    refusals.add(exc.reason, context.peer(), detail)
+    await context.abort(exc.code, detail)
+
+
+class Liveness:
+    """Which nodes below a server hold a live session, which were lost mid-round and since when, and
+    which are absent (lost for longer than the grace period: not waited for until they register again).
+
+    `changed` is set on every transition so that a barrier waiting for members re-evaluates at once."""
+
+    def __init__(self, grace_s: float) -> None:
+        self.grace_s = grace_s
+        self.sessions = Sessions()
+        self.lost: dict[str, float] = {}
+        self.absent: set[str] = set()
+        self.returned: set[str] = set()
+        self.changed = asyncio.Event()
+
+    def poke(self) -> None:
+        self.changed.set()
+
+    def registered(self, node: str) -> str:
+        token = self.sessions.issue(node)
+        if node in self.lost:
+            self.returned.add(node)
+        self.lost.pop(node, None)
+        self.absent.discard(node)
+        self.poke()
+        return token
+
+    def lose(self, node: str, token: str | None, why: str) -> bool:
+        """End `node`'s session (if `token` is still its own) and start its grace period."""
+        if not self.sessions.end(node, token):
+            return False
+        self.lost[node] = time.monotonic()
+        log.warning("lost %s: %s; waiting up to %.0fs for it to come back", node, why, self.grace_s)
+        self.poke()
+        return True
+
+    def expire(self) -> set[str]:
+        """Move the nodes lost for longer than the grace period to `absent`; returns them."""
+        now = time.monotonic()
+        gone = {n for n, t in self.lost.items() if now - t >= self.grace_s}
+        for node in gone:
+            del self.lost[node]
+            self.absent.add(node)
+        return gone
+
+    def next_expiry(self) -> float | None:
+        return min(self.lost.values()) + self.grace_s if self.lost else None
+
+    async def wait(self, deadline: float) -> None:
+        """Sleep until something changes, a lost node's grace ends, or `deadline` (monotonic)."""
+        until = min(d for d in (deadline, self.next_expiry()) if d is not None)
+        self.changed.clear()
+        try:
+            await asyncio.wait_for(self.changed.wait(), max(0.0, until - time.monotonic()))
+        except asyncio.TimeoutError:
+            pass
+
+
+async def hold_presence(context, liveness: Liveness, node: str, token: str, round_: int, stop: asyncio.Event) -> None:
+    """Serve one Presence stream: the node is live while it stays open; its end (the node's process
+    died, its link broke, or keepalive pings went unanswered) starts the node's grace period."""
+    why = "run over"
+    try:
+        await context.write(pb.PresenceEvent(round=round_))
+        await stop.wait()
+    except asyncio.CancelledError:
+        why = "presence stream closed"
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure of the stream is the node's loss
+        why = f"presence stream failed ({exc.__class__.__name__})"
+    finally:
+        if not stop.is_set():
+            liveness.lose(node, token, why)

@@ -14,22 +14,19 @@ import numpy as np
 import torch
 
 from hfl.common import config as config_mod
-from hfl.common import plans, rpc, topology, wire
+from hfl.common import plans, rpc, session, topology, wire
 from hfl.common.data import load_dataset
 from hfl.common.models import build, num_parameters
 from hfl.common.partition import partition
 from hfl.common.pipeline import Link
 from hfl.common.seeding import numpy_rng, torch_generator
+from hfl.common.upstream import Upstream
 from hfl.proto import hfl_v1_pb2 as pb
 from hfl.proto import hfl_v1_pb2_grpc as pbg
 
 from .training import Shard, local_sgd, make_shard, minibatch_gradient
 
 log = logging.getLogger("hfl.devices")
-
-
-class DeviceDropped(Exception):
-    pass
 
 
 def device_shards(cfg, ids: list[str]) -> tuple[dict[str, Shard], object]:
@@ -55,8 +52,11 @@ class Trainer:
 
 
 class Device:
-    def __init__(self, node_id: str, cfg, run_id: str, shard: Shard, trainer: Trainer, stub: pbg.EdgeServiceStub,
-                 chan: grpc.aio.Channel, dim: int):
+    """One emulated device. It survives refusals of its own messages (logged, counted; it sits out the
+    rest of that round) and the death of its edge (reconnects with exponential backoff and jitter,
+    registers again with `rejoin`, and takes whatever round the edge runs next)."""
+
+    def __init__(self, node_id: str, cfg, run_id: str, shard: Shard, trainer: Trainer, link: Upstream, dim: int):
         self.id = node_id
         self.dim = dim
         self.index = topology.device_index(node_id)
@@ -64,52 +64,80 @@ class Device:
         self.run_id = run_id
         self.shard = shard
         self.trainer = trainer
-        self.stub = stub
-        self.chan = chan
+        self.link = link
         self.uplink = Link.from_config(cfg.pipeline, "uplink")
         self.downlink = Link.from_config(cfg.pipeline, "downlink")
         self.chunk_bytes = cfg.net.chunk_kib * 1024
         self.max_bytes = cfg.net.max_message_mb << 20
         self.rounds_done = 0
+        self.refused = 0
+        self.reconnects = 0
+        self.rejoin = False  # the first registration is a plain one unless the run is already under way
 
     def _gen(self, round_: int, step: int) -> torch.Generator:
         return torch_generator(self.cfg.run.seed, "device", self.index, round_, step, "batches")
 
-    async def _fetch(self, after: int) -> pb.Envelope:
-        call = self.stub.FetchRound(pb.FetchRequest(run_id=self.run_id, node_id=self.id, after_round=after))
+    async def register(self, rejoin: bool) -> None:
+        await self.link.register(self.run_id, len(self.shard), rejoin=rejoin, timeout=30)
+
+    async def _fetch(self, after: tuple[int, int]) -> pb.Envelope:
+        call = self.link.stub.FetchRound(pb.FetchRequest(run_id=self.run_id, node_id=self.id, after_round=after[0],
+                                                         after_attempt=after[1]), metadata=self.link.metadata)
         envelope, _ = await wire.read_envelope(call, self.max_bytes)
         return envelope
 
     async def _exchange(self, envelope: pb.Envelope) -> pb.Envelope:
-        call = self.stub.Exchange(iter(wire.chunked(envelope, self.chunk_bytes)))
-        try:
-            reply, _ = await wire.read_envelope(call, self.max_bytes)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
-                raise DeviceDropped(exc.details()) from None
-            raise
+        call = self.link.stub.Exchange(iter(wire.chunked(envelope, self.chunk_bytes)), metadata=self.link.metadata)
+        reply, _ = await wire.read_envelope(call, self.max_bytes)
         return reply
 
     def _upload(self, task: pb.RoundTask, step: int, name: str, vec: np.ndarray, scalars: dict) -> pb.Envelope:
         tensor, transforms = self.uplink.send(vec, name, self.cfg.run.seed, self.index, task.round, step)
         meta = pb.Meta(run_id=self.run_id, round=task.round, phase=task.phases[step].kind, step=step,
-                       sender_id=self.id, num_samples=len(self.shard), transforms=transforms, num_devices=1)
+                       sender_id=self.id, num_samples=len(self.shard), transforms=transforms, num_devices=1,
+                       attempt=task.attempt)
         return pb.Envelope(meta=meta, tensors=[tensor], scalars=scalars)
 
     async def run(self) -> str:
-        after = -1
-        try:
-            while True:
+        after = (-1, 0)
+        while True:
+            try:
+                if self.link.token is None:
+                    await self.register(rejoin=self.rejoin)
+                    if self.rejoin:
+                        self.reconnects += 1
+                        log.info("%s registered again with its edge", self.id)
+                    self.rejoin = True
+                    after = (-1, 0)  # a new session: take whatever round the edge runs now
                 envelope = await self._fetch(after)
                 task = envelope.task
                 if task.finished:
+                    await self.link.close()
                     return "finished"
+                after = (task.round, task.attempt)
                 await self._round(task, envelope)
-                after = task.round
                 self.rounds_done += 1
-        except DeviceDropped as exc:
-            log.warning("%s dropped by its edge: %s", self.id, exc)
-            return "dropped"
+                self.link.backoff.reset()
+            except grpc.aio.AioRpcError as exc:
+                if session.upstream_gone(exc) or session.session_lost(exc) or (
+                        exc.code() == grpc.StatusCode.ALREADY_EXISTS and self.link.token is None):
+                    log.warning("%s: edge unreachable or restarted (%s); reconnecting", self.id, exc.code().name)
+                    self.link.lost()
+                    await self.link.backoff.sleep()
+                    continue
+                if exc.code() == grpc.StatusCode.ABORTED:
+                    log.info("%s: %s", self.id, exc.details())
+                    continue
+                if self.link.token is None:  # the edge refuses to register us: nothing more to do
+                    log.error("%s: registration refused: %s %s", self.id, exc.code().name, exc.details())
+                    await self.link.close()
+                    return "refused"
+                self.refused += 1
+                log.warning("%s: edge refused our message in round %s (%s: %s); sitting out the rest of the round",
+                            self.id, after[0], exc.code().name, (exc.details() or "")[:300])
+            except wire.WireError as exc:  # a reply we cannot read: treat like a refusal
+                self.refused += 1
+                log.warning("%s: unreadable reply in round %s: %s", self.id, after[0], exc)
 
     async def _round(self, task: pb.RoundTask, envelope: pb.Envelope) -> None:
         dim = self.dim
@@ -155,12 +183,9 @@ class DeviceHost:
         self.override_host = override_host
         self.wait_s = wait_s
 
-    def _channel(self, chunk_bytes: int) -> grpc.aio.Channel:
-        return rpc.channel(self.edge_address, chunk_bytes, self.credentials, self.override_host)
-
     async def run(self) -> int:
         started = time.monotonic()
-        probe = self._channel(2 << 20)
+        probe = rpc.channel(self.edge_address, 2 << 20, self.credentials, self.override_host)
         await rpc.wait_serving(probe, self.wait_s, f"edge {self.edge_address}")
         reply = await pbg.EdgeServiceStub(probe).Register(pb.RegisterRequest(node_id=""))
         await probe.close()
@@ -171,6 +196,7 @@ class DeviceHost:
             log.warning("no devices for host %d of %d on %s", self.host_index, self.hosts, reply.cluster_id)
             return 0
         log.info("host %d/%d of %s: %d devices (%s..%s)", self.host_index, self.hosts, reply.cluster_id, len(ids), ids[0], ids[-1])
+        rejoin = reply.round >= 0  # the run is under way: this host restarted
         executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="train")
         try:
             shards, data = await asyncio.get_running_loop().run_in_executor(executor, device_shards, cfg, ids)
@@ -180,16 +206,15 @@ class DeviceHost:
             chunk = cfg.net.chunk_kib * 1024
             devices = []
             for node in ids:
-                chan = self._channel(chunk)
-                stub = pbg.EdgeServiceStub(chan)
-                await stub.Register(pb.RegisterRequest(run_id=reply.run_id, node_id=node, num_samples=len(shards[node])),
-                                    wait_for_ready=True)
-                devices.append(Device(node, cfg, reply.run_id, shards[node], trainer, stub, chan, num_parameters(model)))
-            log.info("%d devices registered in %.1fs", len(devices), time.monotonic() - started)
+                link = Upstream(node, self.edge_address, chunk, pbg.EdgeServiceStub, self.credentials, self.override_host)
+                device = Device(node, cfg, reply.run_id, shards[node], trainer, link, num_parameters(model))
+                device.rejoin = rejoin
+                devices.append(device)
+            log.info("%d devices ready in %.1fs", len(devices), time.monotonic() - started)
             outcomes = await asyncio.gather(*(d.run() for d in devices))
-            for d in devices:
-                await d.chan.close()
-            log.info("devices done: %s", {o: outcomes.count(o) for o in set(outcomes)})
+            log.info("devices done: %s; refusals of our messages: %d; reconnections: %d",
+                     {o: outcomes.count(o) for o in set(outcomes)}, sum(d.refused for d in devices),
+                     sum(d.reconnects for d in devices))
             return 0
         finally:
             executor.shutdown(wait=False, cancel_futures=True)

@@ -1,4 +1,11 @@
-"""Edge server: serves its cluster's devices, runs the intra-cluster phases, reports to the cloud."""
+"""Edge server: serves its cluster's devices, runs the intra-cluster phases, reports to the cloud.
+
+Liveness: every device holds a Presence stream; a device lost mid-round has `net.rejoin_grace_s` to
+come back. If every lost member comes back in time, the edge restarts its cluster's round (a new
+attempt): training is a pure function of (global model, seed, device, round, step), so the restarted
+round gives exactly what an uninterrupted one would have. Members that do not come back sit out the
+rest of the round and may rejoin at a later round.
+"""
 from __future__ import annotations
 
 import asyncio
@@ -11,15 +18,17 @@ import grpc
 import numpy as np
 
 from hfl.common import config as config_mod
-from hfl.common import plans, rpc, topology, wire
-from hfl.common.pipeline import Link, aggregate
-from hfl.common.service_base import Refusals, RoundBoard, refuse
+from hfl.common import plans, robust, rpc, session, topology, validate, wire
+from hfl.common.pipeline import Link
+from hfl.common.service_base import Liveness, Refusals, RoundBoard, hold_presence, refuse
+from hfl.common.upstream import Upstream
 from hfl.proto import hfl_v1_pb2 as pb
 from hfl.proto import hfl_v1_pb2_grpc as pbg
 
 log = logging.getLogger("hfl.edge")
 
 NOT_REGISTERED = "not_registered"
+RESTART, COMPLETE = "restart", "complete"
 
 
 @dataclass
@@ -31,13 +40,13 @@ class Contribution:
 
 @dataclass
 class Barrier:
-    """Collects one phase's uploads from every live member; releases all waiters with one reply."""
+    """Collects one phase's uploads from every member of the attempt; releases all waiters with one reply."""
 
     step: int
     kind: str
     contributions: dict[str, Contribution] = field(default_factory=dict)
-    complete: asyncio.Event = field(default_factory=asyncio.Event)
     released: asyncio.Event = field(default_factory=asyncio.Event)
+    aborted: bool = False
     reply: list[pb.Chunk] = field(default_factory=list)
     reply_size: int = 0
 
@@ -59,92 +68,130 @@ class EdgeServer(pbg.EdgeServiceServicer):
         self.dim = 0
         self.members: list[str] = []
         self.samples: dict[str, int] = {}
-        self.alive: set[str] = set()
-        self.dropped: set[str] = set()
+        self.live = Liveness(0.0)
         self.refusals = Refusals()
         self.board = RoundBoard()
         self.round = -1
+        self.attempt = 0
+        self.started = False
         self.plan: list[pb.Phase] = []
         self.barriers: dict[int, Barrier] = {}
         self.active_step: int | None = None
+        self.round_members: set[str] = set()
+        self.out: set[str] = set()
         self.bytes_up = 0
         self.bytes_down = 0
         self.losses: list[float] = []
+        self.restarts = 0
+        self.rejoined = 0
         self.joined = asyncio.Event()
+        self.stop = asyncio.Event()
 
     # ---- device-facing RPCs -------------------------------------------------------------------
-    def _check_member(self, node: str) -> None:
-        self._check_ready()
-        if node not in self.members:
-            raise wire.WireError(grpc.StatusCode.PERMISSION_DENIED,
-                                 f"{node!r} is not a device of {self.id} (members {self.members[0]}..{self.members[-1]})",
-                                 "unknown_device")
-
-    async def Register(self, request: pb.RegisterRequest, context) -> pb.RegisterReply:
-        try:
-            self._check_member(request.node_id) if request.node_id else self._check_ready()
-            self._check_peer(context, request.node_id)
-            if request.run_id and request.run_id != self.run_id:
-                raise wire.WireError(grpc.StatusCode.FAILED_PRECONDITION,
-                                     f"run {request.run_id!r} is not the run {self.id} serves ({self.run_id})", "wrong_run")
-            if request.node_id in self.dropped:
-                raise wire.WireError(grpc.StatusCode.FAILED_PRECONDITION,
-                                     f"{request.node_id} was dropped from this run", "dropped")
-        except wire.WireError as exc:
-            await refuse(context, self.refusals, exc)
-        if request.node_id:
-            if request.num_samples < 1:
-                await refuse(context, self.refusals, wire.WireError(
-                    grpc.StatusCode.INVALID_ARGUMENT, "num_samples must be >= 1", "bad_register"))
-            self.samples[request.node_id] = int(request.num_samples)
-            if self.round < 0:
-                self.alive.add(request.node_id)
-            if set(self.members) <= self.alive:
-                self.joined.set()
-        return pb.RegisterReply(run_id=self.run_id, spec_json=self.spec_json, cluster_id=self.id, members=self.members)
-
     def _check_ready(self) -> None:
         if self.cfg is None:
             raise wire.WireError(grpc.StatusCode.UNAVAILABLE, f"{self.id} has not joined the cloud yet", "not_ready")
+
+    def _check_member(self, node: str) -> None:
+        self._check_ready()
+        validate.check_id(node, "node_id")
+        if node not in self.samples:
+            raise wire.WireError(grpc.StatusCode.PERMISSION_DENIED,
+                                 f"{validate.short(node)} is not a device of {self.id} "
+                                 f"(members {self.members[0]}..{self.members[-1]})", "unknown_device")
 
     def _check_peer(self, context, node: str) -> None:
         """With mutual TLS: the certificate's id must be `node` (or, for discovery, any member)."""
         if self.admit is not None:
             self.admit(context, node, self.members)
 
-    def _check_live(self, node: str) -> None:
+    def _authenticate(self, context, node: str) -> str:
         self._check_member(node)
-        if node in self.dropped:
-            raise wire.WireError(grpc.StatusCode.FAILED_PRECONDITION, f"{node} was dropped from this run", "dropped")
-        if node not in self.alive:
-            raise wire.WireError(grpc.StatusCode.FAILED_PRECONDITION, f"{node} has not registered", NOT_REGISTERED)
+        self._check_peer(context, node)
+        return self.live.sessions.check(context, node)
+
+    async def Register(self, request: pb.RegisterRequest, context) -> pb.RegisterReply:
+        node = request.node_id
+        try:
+            self._check_member(node) if node else self._check_ready()
+            self._check_peer(context, node)
+            validate.check_id(request.run_id, "run_id", validate.MAX_RUN_ID)
+            if request.run_id and request.run_id != self.run_id:
+                raise wire.WireError(grpc.StatusCode.FAILED_PRECONDITION,
+                                     f"run {validate.short(request.run_id)} is not the run {self.id} serves ({self.run_id})",
+                                     "wrong_run")
+            if node:
+                self._check_registration(request)
+        except wire.WireError as exc:
+            await refuse(context, self.refusals, exc)
+        token = ""
+        if node:
+            if node in self.live.lost or node in self.live.absent:
+                self.rejoined += 1
+                log.info("%s rejoined (round %d)", node, self.round)
+            token = self.live.registered(node)
+            if not self.started and all(self.live.sessions.has(m) for m in self.members):
+                self.joined.set()
+        round_ = self.round if self.round >= 0 else (0 if self.started else -1)
+        return pb.RegisterReply(run_id=self.run_id, spec_json=self.spec_json, cluster_id=self.id, members=self.members,
+                                session_token=token, round=round_)
+
+    def _check_registration(self, request: pb.RegisterRequest) -> None:
+        node = request.node_id
+        if self.live.sessions.has(node):
+            raise wire.WireError(grpc.StatusCode.ALREADY_EXISTS,
+                                 f"{node} is registered and live: a node registers once per run (a second session is "
+                                 "refused until the first one ends)", "already_registered")
+        if self.started and not request.rejoin:
+            raise wire.WireError(grpc.StatusCode.FAILED_PRECONDITION,
+                                 f"the run has started: {node} can only come back with rejoin", "started")
+        limit = self.cfg.net.max_samples_per_device
+        if not 1 <= request.num_samples <= limit:
+            raise wire.WireError(grpc.StatusCode.INVALID_ARGUMENT,
+                                 f"num_samples = {request.num_samples} outside [1, {limit}]", "bad_register")
+        if request.num_samples != self.samples[node]:
+            raise wire.WireError(grpc.StatusCode.INVALID_ARGUMENT,
+                                 f"{node} claims {request.num_samples} samples; the run's partition gives it "
+                                 f"{self.samples[node]}", "bad_register")
+
+    async def Presence(self, request: pb.PresenceRequest, context) -> None:
+        try:
+            token = self._authenticate(context, request.node_id)
+        except wire.WireError as exc:
+            await refuse(context, self.refusals, exc)
+        await hold_presence(context, self.live, request.node_id, token, self.round, self.stop)
 
     async def FetchRound(self, request: pb.FetchRequest, context):
         try:
-            self._check_live(request.node_id)
-            self._check_peer(context, request.node_id)
+            self._authenticate(context, request.node_id)
         except wire.WireError as exc:
             await refuse(context, self.refusals, exc)
-        round_, chunks, size = await self.board.wait_after(request.after_round)
+        round_, chunks, size = await self.board.wait_after(request.after_round, request.after_attempt)
         for chunk in chunks:
             yield chunk
         self.bytes_down += size
         await self.board.mark_fetched(round_, request.node_id)
 
-    def _validate(self, envelope: pb.Envelope) -> tuple[Barrier, str, Contribution]:
+    def _validate(self, envelope: pb.Envelope) -> tuple[Barrier, Contribution]:
+        """Checks that depend on the round in progress; raises WireError."""
         meta = envelope.meta
         node = meta.sender_id
-        self._check_live(node)
         if meta.run_id != self.run_id:
-            raise wire.WireError(grpc.StatusCode.FAILED_PRECONDITION, f"update for run {meta.run_id!r}, not {self.run_id!r}",
-                                 "wrong_run")
-        if meta.round != self.round:
             raise wire.WireError(grpc.StatusCode.FAILED_PRECONDITION,
-                                 f"update for round {meta.round}, but {self.id} is in round {self.round}", "wrong_round")
+                                 f"update for run {validate.short(meta.run_id)}, not {self.run_id!r}", "wrong_run")
+        if meta.round != self.round or meta.attempt != self.attempt:
+            raise wire.WireError(grpc.StatusCode.FAILED_PRECONDITION,
+                                 f"update for round {meta.round} attempt {meta.attempt}, but {self.id} is in round "
+                                 f"{self.round} attempt {self.attempt}", "wrong_round")
+        if node not in self.round_members or node in self.out:
+            raise wire.WireError(grpc.StatusCode.FAILED_PRECONDITION,
+                                 f"{node} is not taking part in round {self.round} attempt {self.attempt} "
+                                 "(it joins at the next round)", "not_in_round")
         if self.active_step is None or meta.step != self.active_step or meta.phase != self.plan[meta.step].kind:
             expected = "none" if self.active_step is None else f"{self.active_step} ({self.plan[self.active_step].kind})"
             raise wire.WireError(grpc.StatusCode.FAILED_PRECONDITION,
-                                 f"update for phase {meta.step} ({meta.phase}), expected phase {expected}", "wrong_phase")
+                                 f"update for phase {meta.step} ({validate.short(meta.phase)}), expected phase {expected}",
+                                 "wrong_phase")
         barrier = self.barriers[meta.step]
         if node in barrier.contributions:
             raise wire.WireError(grpc.StatusCode.ALREADY_EXISTS,
@@ -152,107 +199,210 @@ class EdgeServer(pbg.EdgeServiceServicer):
         name = "gradient" if barrier.kind == plans.EDGE_GRADIENT_STEP else "delta"
         vec, _ = self.uplink.receive(wire.single_tensor(envelope, name), self.dim, self.cfg.run.seed, self.index,
                                      self.round, meta.step)
-        scalars = {k: v for k, v in envelope.scalars.items() if np.isfinite(v)}
-        return barrier, node, Contribution(vec, self.samples[node], scalars)
+        scalars = validate.check_scalars(envelope.scalars, node)
+        return barrier, Contribution(vec, self.samples[node], scalars)
 
     async def Exchange(self, request_iterator, context):
+        node = None
         try:
+            self._check_ready()
             envelope, size = await wire.read_envelope(request_iterator, self.max_bytes)
-            self._check_peer(context, envelope.meta.sender_id)
-            barrier, node, contribution = self._validate(envelope)
+            validate.check_meta(envelope.meta, self.cfg.run.rounds, len(self.plan) or 1)
+            self._authenticate(context, envelope.meta.sender_id)
+            node = envelope.meta.sender_id
+            barrier, contribution = self._validate(envelope)
         except wire.WireError as exc:
+            if node is not None and exc.reason not in ("wrong_round", "wrong_run", "not_in_round"):
+                self._sit_out(node, f"its upload was refused ({exc.reason})")
             await refuse(context, self.refusals, exc)
         self.bytes_up += size
         barrier.contributions[node] = contribution
-        if self.alive <= set(barrier.contributions):
-            barrier.complete.set()
+        self.live.poke()
         await barrier.released.wait()
+        if barrier.aborted:
+            await context.abort(grpc.StatusCode.ABORTED,
+                                f"{self.id} restarted round {self.round} for its cluster: fetch the new attempt")
         for chunk in barrier.reply:
             yield chunk
         self.bytes_down += barrier.reply_size
 
-    # ---- the edge's own loop ------------------------------------------------------------------
-    async def join_cloud(self) -> pbg.CloudServiceStub:
-        self.cloud_channel = rpc.channel(self.cloud_address, 2 << 20, self.cloud_credentials, self.cloud_override_host)
-        await rpc.wait_serving(self.cloud_channel, self.wait_s, f"cloud {self.cloud_address}")
-        stub = pbg.CloudServiceStub(self.cloud_channel)
-        reply = await stub.Register(pb.RegisterRequest(node_id=self.id), wait_for_ready=True)
+    def _sit_out(self, node: str, why: str) -> None:
+        """An authenticated member whose upload was refused cannot go on with this round: stop waiting for it."""
+        if node in self.round_members and node not in self.out:
+            self.out.add(node)
+            log.warning("dropping %s from round %d: %s", node, self.round, why)
+            self.live.poke()
+
+    # ---- the edge's link with the cloud -------------------------------------------------------
+    async def join_cloud(self) -> pb.RegisterReply:
+        probe = rpc.channel(self.cloud_address, 2 << 20, self.cloud_credentials, self.cloud_override_host)
+        await rpc.wait_serving(probe, self.wait_s, f"cloud {self.cloud_address}")
+        await probe.close()
+        self.cloud = Upstream(self.id, self.cloud_address, rpc.MAX_CHUNK, pbg.CloudServiceStub, self.cloud_credentials,
+                              self.cloud_override_host)
+        try:
+            reply = await self.cloud.register("")
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                raise
+            reply = await self.cloud.register("", rejoin=True)  # this edge restarted while the run goes on
         spec = json.loads(reply.spec_json)
         self.cfg = config_mod.from_dict(spec["config"], check_choices=False)
         self.spec_json = reply.spec_json
         self.run_id = reply.run_id
         self.dim = int(spec["model_dim"])
         self.members = topology.edge_members(self.cfg, self.index)
+        counts = spec.get("samples")
+        self.samples = {m: int(counts[topology.device_index(m)]) for m in self.members} if counts else {}
+        self.live.grace_s = self.cfg.net.rejoin_grace_s
         self.uplink = Link.from_config(self.cfg.pipeline, "uplink")
         self.backhaul = Link.from_config(self.cfg.pipeline, "backhaul")
         self.downlink = Link.from_config(self.cfg.pipeline, "downlink")
         self.chunk_bytes = self.cfg.net.chunk_kib * 1024
         self.max_bytes = self.cfg.net.max_message_mb << 20
         self.edge_weights = plans.weights_rule(self.cfg, "edge")
-        await self.cloud_channel.close()
-        self.cloud_channel = rpc.channel(self.cloud_address, self.chunk_bytes, self.cloud_credentials, self.cloud_override_host)
         log.info("%s joined run %s: %d devices expected, model dim %d", self.id, self.run_id, len(self.members), self.dim)
         await self.server.ready()
-        return pbg.CloudServiceStub(self.cloud_channel)
+        return reply
 
-    def _drop(self, nodes, why: str) -> None:
-        for node in sorted(nodes):
-            self.alive.discard(node)
-            self.dropped.add(node)
-            log.warning("dropping %s: %s", node, why)
+    async def _cloud_call(self, call, what: str):
+        """Run `call()` against the cloud; if the cloud died or restarted, reconnect with backoff, register
+        again (rejoin) and retry. Refusals other than a lost session propagate."""
+        while True:
+            try:
+                if self.cloud.token is None:
+                    reply = await self.cloud.register(self.run_id, rejoin=True, timeout=10)
+                    if reply.run_id != self.run_id:
+                        raise RuntimeError(f"the cloud now serves run {reply.run_id}, not {self.run_id}")
+                    log.info("%s registered again with the cloud (round %d)", self.id, reply.round)
+                result = await call()
+                self.cloud.backoff.reset()
+                return result
+            except grpc.aio.AioRpcError as exc:
+                if not (session.upstream_gone(exc) or session.session_lost(exc)
+                        or exc.code() == grpc.StatusCode.ALREADY_EXISTS and self.cloud.token is None):
+                    raise
+                log.warning("%s: cloud unreachable or restarted during %s (%s); retrying", self.id, what, exc.code().name)
+                self.cloud.lost()
+                await self.cloud.backoff.sleep()
 
+    async def _fetch(self, after: int) -> pb.Envelope:
+        async def call():
+            stream = self.cloud.stub.FetchRound(pb.FetchRequest(run_id=self.run_id, node_id=self.id, after_round=after),
+                                                metadata=self.cloud.metadata)
+            return (await wire.read_envelope(stream, self.max_bytes))[0]
+
+        return await self._cloud_call(call, f"fetch after round {after}")
+
+    # ---- the edge's own loop ------------------------------------------------------------------
     async def run(self) -> int:
-        cloud = await self.join_cloud()
+        reply = await self.join_cloud()
+        wait = self.cfg.net.rejoin_grace_s if reply.round >= 0 else self.cfg.net.join_timeout_s
         try:
-            await asyncio.wait_for(self.joined.wait(), self.cfg.net.join_timeout_s)
+            await asyncio.wait_for(self.joined.wait(), wait)
         except asyncio.TimeoutError:
             pass
-        self._drop(set(self.members) - self.alive, "did not register in time")
-        log.info("%s: %d of %d devices joined", self.id, len(self.alive), len(self.members))
+        self.started = True
+        missing = [m for m in self.members if not self.live.sessions.has(m)]
+        self.live.absent.update(missing)
+        for node in missing:
+            log.warning("dropping %s: did not register in time (it may still rejoin)", node)
+        log.info("%s: %d of %d devices joined", self.id, len(self.members) - len(missing), len(self.members))
         after = -1
-        while True:
-            call = cloud.FetchRound(pb.FetchRequest(run_id=self.run_id, node_id=self.id, after_round=after))
-            envelope, _ = await wire.read_envelope(call, self.max_bytes)
-            task = envelope.task
-            if task.finished:
-                await self.board.publish(task.round, envelope, self.chunk_bytes)
-                missing = await self.board.wait_fetched(task.round, set(self.alive), self.cfg.net.grace_s + 10)
-                if missing:
-                    log.warning("devices that did not collect the final task: %s", sorted(missing))
-                break
-            await self._round(cloud, task, envelope)
-            after = task.round
-        await self.cloud_channel.close()
+        try:
+            while True:
+                envelope = await self._fetch(after)
+                task = envelope.task
+                if task.finished:
+                    await self.board.publish(task.round, envelope, self.chunk_bytes)
+                    live = {m for m in self.members if self.live.sessions.has(m)}
+                    missing = await self.board.wait_fetched(task.round, live, self.cfg.net.grace_s + 10)
+                    if missing:
+                        log.warning("devices that did not collect the final task: %s", sorted(missing))
+                    break
+                await self._round(task, envelope)
+                after = task.round
+        finally:
+            self.stop.set()
+            await self.cloud.close()
         log.info("%s done; refusals: %s", self.id, dict(self.refusals.total))
         return 0
 
-    async def _round(self, cloud: pbg.CloudServiceStub, task: pb.RoundTask, envelope: pb.Envelope) -> None:
-        seed = self.cfg.run.seed
-        global_w, _ = self.downlink.receive(wire.single_tensor(envelope, "model"), self.dim, seed, self.index, task.round, -1)
+    async def _round(self, task: pb.RoundTask, envelope: pb.Envelope) -> None:
+        global_w, _ = self.downlink.receive(wire.single_tensor(envelope, "model"), self.dim, self.cfg.run.seed, self.index,
+                                            task.round, -1)
         self.round = task.round
+        self.attempt = 0
+        while True:
+            result = await self._attempt(task, global_w)
+            if result is not None:
+                break
+            self.attempt += 1
+            self.restarts += 1
+        self.active_step = None
+        cluster_w, members_used, step = result
+        await self._submit(task, step, cluster_w - global_w, members_used)
+
+    async def _attempt(self, task: pb.RoundTask, global_w: np.ndarray):
+        """One attempt at the cluster's part of the round; None when a lost member came back (restart)."""
+        seed = self.cfg.run.seed
         self.plan = list(task.phases)
+        self.round_members = {m for m in self.members if self.live.sessions.has(m)}
+        self.out = set()
+        self.live.returned.clear()
+        self.losses = []
         comm_steps = [i for i, p in enumerate(self.plan) if p.kind in plans.DEVICE_UPLOAD_PHASES]
         self.barriers = {i: Barrier(i, self.plan[i].kind) for i in comm_steps}
         self.active_step = comm_steps[0] if comm_steps else None
-        self.losses = []
-        device_task = pb.Envelope(meta=pb.Meta(run_id=self.run_id, round=task.round, sender_id=self.id),
-                                  tensors=[self.downlink.send(global_w, "model", seed, self.index, task.round, -1)[0]],
-                                  task=task)
-        await self.board.publish(task.round, device_task, self.chunk_bytes)
+        device_task = pb.RoundTask()
+        device_task.CopyFrom(task)
+        device_task.attempt = self.attempt
+        down = pb.Envelope(meta=pb.Meta(run_id=self.run_id, round=task.round, sender_id=self.id, attempt=self.attempt),
+                           tensors=[self.downlink.send(global_w, "model", seed, self.index, task.round, -1)[0]],
+                           task=device_task)
+        await self.board.publish(task.round, down, self.chunk_bytes, self.attempt)
+        if self.attempt:
+            log.info("%s: round %d attempt %d with %d devices", self.id, task.round, self.attempt, len(self.round_members))
         cluster_w = global_w.copy()
-        members_used = set(self.alive)
+        members_used = set(self.round_members)
         for step, phase in enumerate(self.plan):
             if phase.kind in plans.DEVICE_UPLOAD_PHASES:
                 barrier = self.barriers[step]
-                if not barrier.complete.is_set() and self.alive and not self.alive <= set(barrier.contributions):
-                    try:
-                        await asyncio.wait_for(barrier.complete.wait(), self.cfg.net.phase_timeout_s)
-                    except asyncio.TimeoutError:
-                        self._drop(self.alive - set(barrier.contributions), f"no upload for round {task.round} phase {step}")
+                if await self._await_barrier(barrier, step) == RESTART:
+                    for b in self.barriers.values():
+                        if not b.released.is_set():
+                            b.aborted = True
+                            b.released.set()
+                    log.warning("%s: lost devices %s came back: restarting round %d", self.id,
+                                sorted(self.live.returned & self.round_members), task.round)
+                    return None
                 cluster_w = self._aggregate(barrier, cluster_w, phase, step, task.round)
                 members_used = set(barrier.contributions)
             elif phase.kind == plans.CLOUD_SYNC:
-                await self._submit(cloud, task, step, cluster_w - global_w, members_used)
+                return cluster_w, members_used, step
+        raise ValueError("a round plan must end with cloud_sync")
+
+    async def _await_barrier(self, barrier: Barrier, step: int) -> str:
+        deadline = time.monotonic() + self.cfg.net.phase_timeout_s
+        while True:
+            for node in sorted(self.live.expire() & self.round_members - self.out):
+                self.out.add(node)
+                log.warning("dropping %s from round %d: lost for %.0fs", node, self.round, self.live.grace_s)
+            lost = set(self.live.lost) & self.round_members - self.out
+            returned = self.live.returned & self.round_members
+            if returned and not lost:
+                return RESTART
+            pending = self.round_members - self.out - set(barrier.contributions)
+            if not pending and not returned:
+                return COMPLETE
+            if time.monotonic() >= deadline:
+                for node in sorted(pending - lost - returned):
+                    self.out.add(node)
+                    log.warning("dropping %s from round %d: no upload for phase %d within %.0fs", node, self.round,
+                                step, self.cfg.net.phase_timeout_s)
+                deadline = float("inf")
+                continue
+            await self.live.wait(deadline)
 
     def _aggregate(self, barrier: Barrier, cluster_w: np.ndarray, phase: pb.Phase, step: int, round_: int) -> np.ndarray:
         nodes = sorted(barrier.contributions)  # arrival order must not matter
@@ -260,7 +410,8 @@ class EdgeServer(pbg.EdgeServiceServicer):
         if nodes:
             contributions = [barrier.contributions[n] for n in nodes]
             weights = [c.samples if self.edge_weights == "samples" else 1 for c in contributions]
-            agg = aggregate(self.cfg.pipeline.aggregate, [c.vec for c in contributions], weights)
+            agg = robust.aggregate(self.cfg.pipeline.aggregate, self.cfg.pipeline.params, [c.vec for c in contributions],
+                                   weights)
             self.losses.extend(c.scalars["train_loss"] for c in contributions if "train_loss" in c.scalars)
             if phase.kind == plans.EDGE_GRADIENT_STEP:
                 cluster_w = cluster_w - np.float32(phase.params["lr"]) * agg
@@ -272,7 +423,7 @@ class EdgeServer(pbg.EdgeServiceServicer):
         later = [s for s in self.barriers if s > step]
         self.active_step = later[0] if later else None  # before any await: devices may upload the next phase at once
         reply = pb.Envelope(meta=pb.Meta(run_id=self.run_id, round=round_, phase=phase.kind, step=step, sender_id=self.id,
-                                         num_devices=len(nodes)))
+                                         num_devices=len(nodes), attempt=self.attempt))
         if reply_vec is not None:
             reply.tensors.append(self.downlink.send(reply_vec, name, self.cfg.run.seed, self.index, round_, step)[0])
         payload = reply.SerializeToString()
@@ -281,21 +432,30 @@ class EdgeServer(pbg.EdgeServiceServicer):
         barrier.released.set()
         return cluster_w
 
-    async def _submit(self, cloud: pbg.CloudServiceStub, task: pb.RoundTask, step: int, delta: np.ndarray,
-                      members: set[str]) -> None:
+    async def _submit(self, task: pb.RoundTask, step: int, delta: np.ndarray, members: set[str]) -> None:
         seed = self.cfg.run.seed
         tensor, transforms = self.backhaul.send(delta, "delta", seed, self.index, task.round, step)
         meta = pb.Meta(run_id=self.run_id, round=task.round, phase=plans.CLOUD_SYNC, step=step, sender_id=self.id,
                        num_samples=sum(self.samples[n] for n in members), num_devices=len(members), transforms=transforms)
         scalars = {"bytes_up": float(self.bytes_up), "bytes_down": float(self.bytes_down),
-                   "refused": float(self.refusals.take()), "dropped": float(len(self.dropped))}
+                   "refused": float(self.refusals.take()), "dropped": float(len(self.members) - len(members)),
+                   "restarts": float(self.restarts), "rejoined": float(self.rejoined)}
         if self.losses:
             scalars["train_loss"] = float(np.mean(self.losses))
         self.bytes_up = self.bytes_down = 0
-        envelope = pb.Envelope(meta=meta, tensors=[tensor], scalars=scalars)
-        ack = await cloud.Submit(iter(wire.chunked(envelope, self.chunk_bytes)))
-        if not ack.accepted:
-            log.error("cloud refused round %d: %s", task.round, ack.detail)
+        self.restarts = self.rejoined = 0
+        chunks = wire.chunked(pb.Envelope(meta=meta, tensors=[tensor], scalars=scalars), self.chunk_bytes)
+
+        async def call():
+            return await self.cloud.stub.Submit(iter(chunks), metadata=self.cloud.metadata)
+
+        try:
+            await self._cloud_call(call, f"submit of round {task.round}")
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.ALREADY_EXISTS:
+                log.info("%s: the cloud already has round %d from this edge", self.id, task.round)
+            else:
+                log.error("cloud refused round %d from %s: %s %s", task.round, self.id, exc.code().name, exc.details())
 
 
 async def serve(node_id: str, listen: str, cloud_address: str, port_file: str | None = None, server_credentials=None,
@@ -309,5 +469,6 @@ async def serve(node_id: str, listen: str, cloud_address: str, port_file: str | 
     try:
         return await edge.run()
     finally:
+        edge.stop.set()
         await server.stop(edge.cfg.net.grace_s if edge.cfg else 1.0)
         log.info("%s stopped after %.1fs", node_id, time.monotonic() - started)

@@ -51,9 +51,15 @@ def cmd_cloud(args) -> int:
     from hfl.cloud_server.service import serve
     from hfl.common import config as config_mod
 
-    cfg = config_mod.load(args.config, args.overrides)
+    import pathlib
+
+    config = args.config
+    if args.resume and config is None:
+        config = pathlib.Path(args.run_dir) / "config.toml"
+    cfg = config_mod.load(config, args.overrides)
     tls = _tls(args, "cloud")
-    return _run_async(lambda: serve(cfg, args.listen, args.run_dir, args.port_file, **tls.server_kwargs()))
+    return _run_async(lambda: serve(cfg, args.listen, args.run_dir, args.port_file, resume=args.resume, force=args.force,
+                                    **tls.server_kwargs()))
 
 
 def cmd_edge(args) -> int:
@@ -144,8 +150,10 @@ def cmd_run(args) -> int:
     from hfl.common.config import ConfigError
     from hfl.launcher import run_with_progress
 
+    out = args.resume or args.out
     try:
-        return run_with_progress(args.config, args.overrides, args.out, quiet=args.quiet, certs=args.certs)
+        return run_with_progress(args.config, args.overrides, out, quiet=args.quiet, certs=args.certs,
+                                 resume=bool(args.resume), force=args.force, allow_deaths=args.allow_deaths)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
@@ -168,6 +176,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no live progress, one line per round")
     p.add_argument("--certs", metavar="DIR", help="mutual TLS between all processes: CA in DIR (created if missing), "
                                                   "a certificate per node in DIR/nodes")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint (same run id, "
+                                                        "config from RUN_DIR/config.toml)")
+    p.add_argument("--force", action="store_true", help="start over in a run directory that already holds a run")
+    p.add_argument("--allow-deaths", action="store_true",
+                   help="exit 0 even if an edge or device host died (fault-injection experiments); deaths are still "
+                        "recorded in summary.json")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("cloud", help="start the cloud server (drives the run)")
@@ -175,6 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--listen", default="0.0.0.0:50051", help="address to serve edges on")
     p.add_argument("--run-dir", default="runs/cloud", help="where metrics, summary and plot go")
     p.add_argument("--port-file", help="write the bound port here once listening")
+    p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its checkpoint (same run id); "
+                                                         "edges and devices reconnect on their own")
+    p.add_argument("--force", action="store_true", help="start over in a run directory that already holds a run")
     _add_tls_args(p)
     p.set_defaults(func=cmd_cloud)
 

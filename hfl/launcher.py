@@ -1,7 +1,6 @@
 """`hfl run`: a Testbed on 127.0.0.1 with a live progress display; non-zero exit if any process fails."""
 from __future__ import annotations
 
-import json
 import signal
 import time
 
@@ -9,6 +8,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from hfl.common import metrics
 from hfl.testbed import Testbed, TestbedError
 
 
@@ -43,9 +43,12 @@ def _interrupt(*_) -> None:
     raise KeyboardInterrupt  # SIGTERM stops the whole testbed like Ctrl-C
 
 
-def run_with_progress(config, overrides, out=None, quiet: bool = False, certs: str | None = None) -> int:
+def run_with_progress(config, overrides, out=None, quiet: bool = False, certs: str | None = None, resume: bool = False,
+                      force: bool = False, allow_deaths: bool = False) -> int:
+    """Run a whole testbed. A dead edge or device host is a fault the run goes on without: every death is
+    recorded in summary.json, and the exit status is 1 at the end unless `allow_deaths`."""
     console = Console(stderr=True)
-    bed = Testbed(config, overrides, run_dir=out, certs=certs)
+    bed = Testbed(config, overrides, run_dir=out, certs=certs, resume=resume, force=force, tolerate_failures=True)
     started = time.monotonic()
     signal.signal(signal.SIGTERM, _interrupt)
     rows: list[dict] = []
@@ -64,12 +67,18 @@ def run_with_progress(config, overrides, out=None, quiet: bool = False, certs: s
                 while not bed.finished():
                     bed.check()
                     rows = bed.metrics()
-                    phase = f"{len(bed.running())} processes running" if rows else "starting processes"
+                    dead = len(bed.deaths())
+                    phase = (f"{len(bed.running())} processes running" + (f", {dead} died" if dead else "")
+                             if rows else "starting processes")
                     live.update(_table(bed, rows, started, phase))
                     time.sleep(0.25)
                 rows = bed.metrics()
                 live.update(_table(bed, rows, started, "done"))
         summary = bed.wait(timeout=120)
+        deaths = bed.deaths()
+        if deaths:
+            summary["node_deaths"] = deaths
+            metrics.write_json(bed.run_dir / "summary.json", summary)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: stopping every process[/yellow]")
         bed.close()
@@ -80,9 +89,14 @@ def run_with_progress(config, overrides, out=None, quiet: bool = False, certs: s
         return 1
     finally:
         bed.close()
-    console.print(f"final accuracy {100 * summary['final_accuracy']:.2f}% after {summary['rounds']} rounds "
+    final = "-" if summary["final_accuracy"] is None else f"{100 * summary['final_accuracy']:.2f}%"
+    console.print(f"final accuracy {final} after {summary['rounds']} rounds "
                   f"in {summary['wall_seconds']:.1f}s ({summary['algorithm']}, seed {summary['seed']})")
     console.print(f"results: {bed.run_dir}/metrics.jsonl, summary.json, accuracy.png; logs in {bed.logs}")
     if quiet:
-        print(json.dumps(summary))
+        print(metrics.dumps(summary))
+    if deaths:
+        console.print(f"[yellow]{len(deaths)} node death(s) during the run[/yellow]: "
+                      + ", ".join(f"{d['node']} (exit {d['exit_status']} at {d['seconds_after_launch']}s)" for d in deaths))
+        return 0 if allow_deaths else 1
     return 0

@@ -47,6 +47,8 @@ class Node:
     proc: subprocess.Popen | None = None
     expected_exit: bool = False  # killed on purpose: its death is not a failure
     address: str | None = None
+    started_at: float = 0.0
+    deaths: list = field(default_factory=list)
 
     def returncode(self) -> int | None:
         return None if self.proc is None else self.proc.poll()
@@ -68,9 +70,17 @@ class Testbed:
     env: dict | None = None
     extra_args: dict = field(default_factory=dict)  # node name or role -> extra CLI args (e.g. TLS flags)
     certs: str | os.PathLike | None = None  # mutual TLS: CA directory (created if missing), one certificate per node
+    resume: bool = False                    # continue the run in run_dir from its checkpoint (config from run_dir)
+    force: bool = False                     # start over in a run_dir that holds a run (its records are deleted)
+    tolerate_failures: bool = False         # a dead edge or device host is recorded, not fatal (the cloud's death is)
     nodes: dict[str, Node] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
+        if self.resume:
+            if self.run_dir is None:
+                raise config_mod.ConfigError("resume needs the run directory")
+            if self.config is None:
+                self.config = pathlib.Path(self.run_dir) / "config.toml"
         if isinstance(self.config, config_mod.Config):
             cfg = self.config
             if self.overrides:
@@ -88,6 +98,7 @@ class Testbed:
 
             self.extra_args = {**testbed_tls_args(self.certs, cfg), **self.extra_args}
         self.ports = self.run_dir / "ports"
+        self.launched = time.monotonic()
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def __enter__(self) -> "Testbed":
@@ -101,12 +112,16 @@ class Testbed:
         extra = self.extra_args.get(name, self.extra_args.get(name.split("-")[0], []))  # per node, else per role
         argv = [sys.executable, "-m", "hfl.cli", *args, *extra]
         node = Node(name, argv, self.logs / f"{name}.log")
-        env = dict(os.environ, PYTHONUNBUFFERED="1", **(self.env or {}))
-        with open(node.log_path, "ab") as log:
-            node.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                         preexec_fn=_die_with_parent)
+        self._launch(node)
         self.nodes[name] = node
         return node
+
+    def _launch(self, node: Node) -> None:
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **(self.env or {}))
+        with open(node.log_path, "ab") as log:
+            node.proc = subprocess.Popen(node.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=env, preexec_fn=_die_with_parent)
+        node.started_at = time.monotonic()
 
     def _wait_port(self, node: Node, deadline: float) -> str:
         port_file = self.ports / node.name
@@ -120,17 +135,23 @@ class Testbed:
         raise TestbedError(f"{node.name} did not listen within {self.start_timeout}s:\n{_log_tail(node.log_path)}")
 
     def start(self) -> "Testbed":
+        from hfl.common.rundir import check_run_dir
+
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        check_run_dir(self.run_dir, self.resume, self.force)
         self.logs.mkdir(exist_ok=True)
         self.ports.mkdir(exist_ok=True)
         for stale in self.ports.glob("*"):
             stale.unlink()
         config_path = self.run_dir / "config.toml"
-        config_path.write_text(config_mod.to_toml(self.cfg))
+        if not self.resume:
+            config_path.write_text(config_mod.to_toml(self.cfg))
         deadline = time.monotonic() + self.start_timeout
+        self.launched = time.monotonic()
         try:
             cloud = self._spawn("cloud", ["cloud", str(config_path), "--listen", "127.0.0.1:0", "--run-dir", str(self.run_dir),
-                                          "--port-file", str(self.ports / "cloud")])
+                                          "--port-file", str(self.ports / "cloud")]
+                                + (["--resume"] if self.resume else []))
             cloud_address = self._wait_port(cloud, deadline)
             edges = []
             for e in range(self.cfg.topology.edges):
@@ -159,6 +180,37 @@ class Testbed:
 
     def failures(self) -> list[Node]:
         return [n for n in self.nodes.values() if n.returncode() not in (None, 0) and not n.expected_exit]
+
+    def deaths(self) -> list[dict]:
+        """Every node that died unexpectedly (now or before a restart): node, seconds after launch, exit status, log tail."""
+        out = []
+        for node in self.nodes.values():
+            out.extend(node.deaths)
+            if node.returncode() not in (None, 0) and not node.expected_exit:
+                out.append(self._death(node))
+        return out
+
+    def _death(self, node: Node) -> dict:
+        return {"node": node.name, "seconds_after_launch": round(time.monotonic() - self.launched, 1),
+                "exit_status": node.returncode(), "log_tail": _log_tail(node.log_path, 12)}
+
+    def restart(self, name: str, resume: bool = False) -> Node:
+        """Start a node again with the same arguments (a server on the same address, so that its
+        clients can reconnect); `resume` restarts the cloud on its checkpoint."""
+        node = self.nodes[name]
+        if node.returncode() is None:
+            raise TestbedError(f"{name} is still running")
+        if not node.expected_exit:
+            node.deaths.append(self._death(node))
+        argv = list(node.argv)
+        if node.address and "--listen" in argv:
+            argv[argv.index("--listen") + 1] = node.address
+        if resume and "--resume" not in argv:
+            argv.append("--resume")
+        node.argv, node.expected_exit = argv, False
+        (self.ports / name).unlink(missing_ok=True)
+        self._launch(node)
+        return node
 
     def running(self) -> list[Node]:
         return [n for n in self.nodes.values() if n.returncode() is None]
@@ -214,8 +266,11 @@ class Testbed:
             time.sleep(poll)
 
     def check(self) -> None:
-        """Raise TestbedError (after stopping everything) if any process failed."""
+        """Raise TestbedError (after stopping everything) if any process failed (only the cloud, when
+        failures are tolerated: the others' deaths are faults the run goes on without)."""
         failed = self.failures()
+        if self.tolerate_failures:
+            failed = [n for n in failed if n.name == "cloud"]
         if failed:
             detail = "\n".join(f"--- {n.name} exited {n.returncode()}:\n{_log_tail(n.log_path)}" for n in failed)
             self.close()

@@ -1,0 +1,97 @@
+"""Session tokens and reconnection: a node proves on every call that it is the one that registered.
+
+`Register` hands each node a random secret (from `secrets`); every later call carries it as gRPC
+metadata. This holds without TLS: reading a run id and a round from an error message is no longer
+enough to upload as somebody else. With mutual TLS the certificate check comes on top.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import random
+import secrets
+
+import grpc
+
+from .validate import short
+from .wire import WireError
+
+METADATA_KEY = "hfl-session"
+
+
+def metadata(token: str) -> tuple[tuple[str, str], ...]:
+    return ((METADATA_KEY, token),)
+
+
+def token_of(context) -> str:
+    for item in context.invocation_metadata() or ():
+        key, value = item[0], item[1]
+        if key == METADATA_KEY:
+            return value if isinstance(value, str) else value.decode("ascii", "replace")
+    return ""
+
+
+class Sessions:
+    """node id -> live session token, held by the server a node registered with."""
+
+    def __init__(self) -> None:
+        self._tokens: dict[str, str] = {}
+
+    def issue(self, node: str) -> str:
+        token = secrets.token_urlsafe(24)
+        self._tokens[node] = token
+        return token
+
+    def has(self, node: str) -> bool:
+        return node in self._tokens
+
+    def end(self, node: str, token: str | None = None) -> bool:
+        """End `node`'s session (only if it is still `token`'s, when given); True if one ended."""
+        current = self._tokens.get(node)
+        if current is None or (token is not None and current != token):
+            return False
+        del self._tokens[node]
+        return True
+
+    def check(self, context, node: str) -> str:
+        token = token_of(context)
+        current = self._tokens.get(node)
+        if current is None or not token or not hmac.compare_digest(current.encode(), token.encode()):
+            why = "no session token" if not token else "a session token that is not its own"
+            raise WireError(grpc.StatusCode.PERMISSION_DENIED,
+                            f"call as {short(node)} with {why}: register first (or again, if the server restarted)",
+                            "bad_session")
+        return token
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+
+class Backoff:
+    """Exponential backoff with full jitter (the AWS architecture blog's scheme), seeded per node."""
+
+    def __init__(self, node: str, base: float = 0.2, cap: float = 5.0):
+        self.base, self.cap, self.tries = base, cap, 0
+        self._rng = random.Random(node)  # jitter only spreads retries in time; it never touches results
+
+    async def sleep(self) -> None:
+        delay = self._rng.uniform(0, min(self.cap, self.base * 2 ** self.tries))
+        self.tries += 1
+        await asyncio.sleep(delay)
+
+    def reset(self) -> None:
+        self.tries = 0
+
+
+RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
+             grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL}
+
+
+def upstream_gone(exc: BaseException) -> bool:
+    """The upstream died or restarted: reconnect (and re-register if the session is unknown)."""
+    return isinstance(exc, grpc.aio.AioRpcError) and exc.code() in RETRYABLE
+
+
+def session_lost(exc: BaseException) -> bool:
+    return (isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.PERMISSION_DENIED
+            and "register first" in (exc.details() or ""))

@@ -1,0 +1,104 @@
+"""Bounds on everything a peer can put in a message: ids, strings, counts and named scalars.
+
+A message that passes the wire decoder can still poison a run (a 1e300 loss, a negative byte count, a
+1 MiB id echoed into every log line). Every field a service reads goes through one of these checks;
+mechanisms that report new scalars register their range in SCALARS.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import grpc
+
+from .registry import Registry
+from .wire import WireError
+
+MAX_ID = 64          # node ids, phase names, tensor names
+MAX_RUN_ID = 128
+MAX_TRANSFORMS = 64
+MAX_SCALARS = 64
+ECHO = 120           # longest piece of peer-supplied text echoed into a status or a log line
+
+
+def short(text: object, limit: int = ECHO) -> str:
+    """repr() of peer-supplied text, truncated so that it can be echoed safely."""
+    s = text if isinstance(text, str) else str(text)
+    if len(s) <= limit:
+        return repr(s)
+    return repr(s[:limit]) + f"... ({len(s)} chars)"
+
+
+def truncate(message: str, limit: int = 600) -> str:
+    return message if len(message) <= limit else message[:limit] + f"... ({len(message)} chars)"
+
+
+def _invalid(message: str, reason: str) -> WireError:
+    return WireError(grpc.StatusCode.INVALID_ARGUMENT, message, reason)
+
+
+def check_id(value: str, what: str, limit: int = MAX_ID) -> str:
+    if len(value) > limit:
+        raise _invalid(f"{what} of {len(value)} characters (at most {limit})", "oversized_id")
+    if not value.isprintable():
+        raise _invalid(f"{what} {short(value)} has non-printable characters", "bad_id")
+    return value
+
+
+def check_count(value: int, what: str, lo: int, hi: int) -> int:
+    if not lo <= value <= hi:
+        raise _invalid(f"{what} = {value} outside [{lo}, {hi}]", "bad_counts")
+    return value
+
+
+@dataclass(frozen=True)
+class ScalarSpec:
+    lo: float
+    hi: float
+    doc: str = ""
+
+
+SCALARS: Registry = Registry("scalar")
+SCALARS.register("train_loss", ScalarSpec(0.0, 1e4, "mean mini-batch training loss"))
+SCALARS.register("bytes_up", ScalarSpec(0.0, 1e15, "payload bytes received from devices since the last report"))
+SCALARS.register("bytes_down", ScalarSpec(0.0, 1e15, "payload bytes sent to devices since the last report"))
+SCALARS.register("refused", ScalarSpec(0.0, 1e9, "messages refused since the last report"))
+SCALARS.register("dropped", ScalarSpec(0.0, 1e7, "devices dropped from the run so far"))
+SCALARS.register("rejoined", ScalarSpec(0.0, 1e7, "devices that rejoined after a loss"))
+SCALARS.register("restarts", ScalarSpec(0.0, 1e6, "times the edge restarted its cluster's round"))
+
+
+def check_scalars(scalars, sender: str) -> dict[str, float]:
+    """Every scalar must be registered, finite and within its range; returns a plain dict."""
+    if len(scalars) > MAX_SCALARS:
+        raise _invalid(f"{len(scalars)} scalars from {short(sender)} (at most {MAX_SCALARS})", "bad_scalar")
+    out = {}
+    for name, value in scalars.items():
+        if name not in SCALARS:
+            raise _invalid(f"unknown scalar {short(name)}; allowed: {', '.join(SCALARS.names())}", "bad_scalar")
+        spec = SCALARS.get(name)
+        if not (math.isfinite(value) and spec.lo <= value <= spec.hi):
+            raise _invalid(f"scalar {name} = {value!r} outside [{spec.lo:g}, {spec.hi:g}]", "bad_scalar")
+        out[name] = float(value)
+    return out
+
+
+def check_meta(meta, rounds: int, plan_len: int) -> None:
+    """Shape checks on Meta that hold whatever the receiver's state."""
+    check_id(meta.sender_id, "sender_id")
+    check_id(meta.run_id, "run_id", MAX_RUN_ID)
+    check_id(meta.phase, "phase")
+    check_count(meta.round, "round", 0, rounds)
+    check_count(meta.step, "step", 0, max(plan_len - 1, 0))
+    check_count(meta.attempt, "attempt", 0, 1 << 20)
+    if len(meta.transforms) > MAX_TRANSFORMS:
+        raise _invalid(f"{len(meta.transforms)} transforms (at most {MAX_TRANSFORMS})", "bad_transforms")
+    for t in meta.transforms:
+        for text, what in ((t.stage, "transform stage"), (t.name, "transform name"), (t.tier, "transform tier")):
+            check_id(text, what)
+        if len(t.params) > MAX_SCALARS:
+            raise _invalid(f"transform {short(t.name)} has {len(t.params)} parameters", "bad_transforms")
+        for key, value in t.params.items():
+            check_id(key, "transform parameter name")
+            if not math.isfinite(value):
+                raise _invalid(f"transform {short(t.name)} parameter {short(key)} is not finite", "bad_transforms")

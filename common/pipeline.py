@@ -54,13 +54,35 @@ class StageRef:
     name: str
     params: Mapping[str, float] = field(default_factory=dict)
 
-    def record(self, tier: str, bits: int = 0) -> pb.Transform:
+    def record(self, tier: str, bits: int = 0, extra: Mapping[str, float] | None = None) -> pb.Transform:
         return pb.Transform(stage=self.slot, name=self.name, tier=tier, bits=bits,
-                            params={k: float(v) for k, v in self.params.items()})
+                            params={**_numeric(self.params), **(extra or {})})
+
+
+def _numeric(params: Mapping[str, object]) -> dict[str, float]:
+    """Transform params are doubles: a textual mode is kept as the key "name=value" with value 1."""
+    out = {}
+    for k, v in params.items():
+        if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool):
+            out[k] = float(v)
+        else:
+            out[f"{k}={v}"] = 1.0
+    return out
 
 
 def _ref(slot: str, name: str, params: Mapping[str, Mapping[str, float]]) -> StageRef:
     return StageRef(slot, name, dict(params.get(name, {})))
+
+
+def _encode_params(encoding: str, hop: str, params: Mapping[str, Mapping[str, object]]) -> dict:
+    """[pipeline.params.CODEC] overridden by [pipeline.params.HOP_encoding] (e.g. uplink_encoding.levels = 4
+    and backhaul_encoding.levels = 10 for QHetFed's s1, s2 on one codec), validated now so a bad key fails
+    at start-up."""
+    merged = {**params.get(encoding, {}), **params.get(f"{hop}_encoding", {})}
+    codec = wire.CODECS.get(encoding)
+    if hasattr(codec, "params"):
+        codec.params(**merged)
+    return merged
 
 
 @dataclass(frozen=True)
@@ -72,32 +94,50 @@ class Link:
     noise: StageRef
     encoding: str
     channel: StageRef
+    encode_params: Mapping[str, object] = field(default_factory=dict)
 
     @classmethod
     def from_config(cls, pipeline, hop: str) -> "Link":
         p = pipeline.params
         if hop == "uplink":
             return cls("device", _ref("clip", pipeline.clip, p), _ref("device_noise", pipeline.device_noise, p),
-                       pipeline.uplink_encoding, _ref("channel", pipeline.uplink_channel, p))
+                       pipeline.uplink_encoding, _ref("channel", pipeline.uplink_channel, p),
+                       _encode_params(pipeline.uplink_encoding, hop, p))
         if hop == "backhaul":
             return cls("edge", _ref("clip", "identity", p), _ref("edge_noise", pipeline.edge_noise, p),
-                       pipeline.backhaul_encoding, _ref("backhaul", pipeline.backhaul_channel, p))
+                       pipeline.backhaul_encoding, _ref("backhaul", pipeline.backhaul_channel, p),
+                       _encode_params(pipeline.backhaul_encoding, hop, p))
         if hop == "downlink":
             return cls("cloud", _ref("clip", "identity", p), _ref("noise", "identity", p),
-                       pipeline.downlink_encoding, _ref("channel", "ideal", p))
+                       pipeline.downlink_encoding, _ref("channel", "ideal", p),
+                       _encode_params(pipeline.downlink_encoding, hop, p))
         raise ValueError(f"unknown hop {hop!r}")
 
-    def send(self, vec: np.ndarray, tensor_name: str, seed: int, node: int | str, round_: int, step: int
-             ) -> tuple[pb.Tensor, list[pb.Transform]]:
+    def send(self, vec: np.ndarray, tensor_name: str, seed: int, node: int | str, round_: int, step: int,
+             overrides: Mapping[str, Mapping[str, object]] | None = None) -> tuple[pb.Tensor, list[pb.Transform]]:
+        """`overrides` replaces parameters for this call only, keyed by slot: {"encode": {"bits": 2,
+        "epsilon1": 1e-6}} (per-device precision from the round plan), or the clip / noise slot names."""
+        overrides = dict(overrides or {})
+        unknown = set(overrides) - {self.clip.slot, self.noise.slot, "encode"}
+        if unknown:
+            raise ValueError(f"overrides: unknown slot(s) {sorted(unknown)}; allowed: "
+                             f"{self.clip.slot}, {self.noise.slot}, encode")
         transforms = []
         for ref in (self.clip, self.noise):
+            if ref.slot in overrides:
+                ref = StageRef(ref.slot, ref.name, {**ref.params, **overrides[ref.slot]})
             if ref.name not in IDENTITY_NAMES:
                 rng = numpy_rng(seed, self.tier, node, round_, step, ref.slot)
                 vec = VECTOR_STAGES.get(ref.name)(vec, rng, **ref.params)
                 transforms.append(ref.record(self.tier))
-        tensor = wire.encode(vec, self.encoding, tensor_name)
+        codec = wire.CODECS.get(self.encoding)
+        params = {**self.encode_params, **overrides.get("encode", {})}
+        rng = numpy_rng(seed, self.tier, node, round_, step, "encode")
+        tensor = wire.encode(vec, self.encoding, tensor_name, rng, **params)
         if self.encoding not in IDENTITY_NAMES:
-            transforms.append(StageRef("encode", self.encoding).record(self.tier, len(tensor.data) * 8))
+            extra = _distortion(vec, codec.decode(tensor)) if getattr(codec, "quantizer", False) else {}
+            used = codec.params(**params) if hasattr(codec, "params") else params
+            transforms.append(StageRef("encode", self.encoding, used).record(self.tier, len(tensor.data) * 8, extra))
         return tensor, transforms
 
     def receive(self, tensor: pb.Tensor, expected_len: int, seed: int, node: int | str, round_: int, step: int
@@ -109,6 +149,14 @@ class Link:
             vec = CHANNELS.get(self.channel.name)(vec, rng, **self.channel.params)
             transforms.append(self.channel.record(self.tier))
         return vec, transforms
+
+
+def _distortion(sent: np.ndarray, received: np.ndarray) -> dict[str, float]:
+    """What quantization did to this message: squared error and q = ||Q(x) - x||^2 / ||x||^2 (digest 001, 9.6)."""
+    x = np.asarray(sent, np.float64).ravel()
+    err = np.asarray(received, np.float64).ravel() - x
+    sq_error, energy = float(err @ err), float(x @ x)
+    return {"sq_error": sq_error, "q_measured": sq_error / energy if energy > 0 else 0.0}
 
 
 def aggregate(name: str, vectors: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:

@@ -31,7 +31,9 @@ class RawCodec:
     name: str
     dtype: str
 
-    def encode(self, vec: np.ndarray, tensor_name: str) -> pb.Tensor:
+    def encode(self, vec: np.ndarray, tensor_name: str, rng: np.random.Generator | None = None, **params) -> pb.Tensor:
+        if params:
+            raise ValueError(f"encoding {self.name!r} takes no parameters, got {sorted(params)}")
         data = np.ascontiguousarray(vec, dtype=np.dtype(self.dtype).newbyteorder("<")).tobytes()
         return pb.Tensor(name=tensor_name, dtype=self.dtype, shape=list(vec.shape), encoding=self.name, data=data)
 
@@ -49,7 +51,13 @@ class RawCodec:
         arr = np.frombuffer(tensor.data, dtype=np.dtype(self.dtype).newbyteorder("<"))
         return arr.astype(np.float32).reshape(tuple(tensor.shape))
 
-    def bits(self, count: int) -> int:
+    def params(self, **raw) -> dict:
+        if raw:
+            raise ValueError(f"encoding {self.name!r} takes no parameters, got {sorted(raw)}")
+        return {}
+
+    def bits(self, count: int, **params) -> int:
+        self.params(**params)
         return count * np.dtype(self.dtype).itemsize * 8
 
 
@@ -58,8 +66,12 @@ CODECS.register("float32", RawCodec("float32", "float32"))
 CODECS.register("float16", RawCodec("float16", "float16"))
 
 
-def encode(vec: np.ndarray, encoding: str, tensor_name: str) -> pb.Tensor:
-    return CODECS.get(encoding).encode(vec, tensor_name)
+def encode(vec: np.ndarray, encoding: str, tensor_name: str, rng: np.random.Generator | None = None,
+           **params) -> pb.Tensor:
+    """Codec interface: encode(vec, tensor_name, rng=None, **params) -> Tensor; decode(tensor) -> float32
+    array (everything it needs travels in the tensor); params(**raw) -> validated params (ValueError naming
+    the key); bits(count, **params) -> bits on the wire for `count` values."""
+    return CODECS.get(encoding).encode(vec, tensor_name, rng, **params)
 
 
 def decode_vector(tensor: pb.Tensor, expected_len: int) -> np.ndarray:
@@ -125,3 +137,8 @@ def parse_envelope(payload: bytes) -> pb.Envelope:
 def read_envelope_sync(chunks: Iterator[pb.Chunk]) -> tuple[pb.Envelope, int]:
     payload = b"".join(c.data for c in chunks)
     return parse_envelope(payload), len(payload)
+
+
+# The quantizing codecs (qsgd, sq, dpsq, laplace-sq) register themselves in CODECS; imported last because
+# they import WireError and CODECS from this module.
+from .quantization import codecs as _quantizing_codecs  # noqa: E402,F401

@@ -48,17 +48,32 @@ def _grouped_epsilon(groups: tuple[tuple[tuple[str, float, float], int], ...], d
     return epsilon_of_dp_events((accounting_event(*key, count) for key, count in groups), delta, accountant)
 
 
+def merge_gaussians(groups: Mapping[tuple[str, float, float], int]) -> dict[tuple[str, float, float], int]:
+    """Fold every unsampled Gaussian group into one Gaussian of multiplier (sum_i n_i / z_i^2)^(-1/2).
+
+    n releases of a Gaussian with multiplier z on one dataset are exactly one Gaussian with multiplier
+    z / sqrt(n) (the privacy loss is N(mu^2/2, mu^2) with mu^2 adding up), so this changes no epsilon;
+    it keeps the PLD accountant from convolving hundreds of distributions (26 s for 800, vs 0.5 s).
+    """
+    out = {k: n for k, n in groups.items() if not (k[0] == "gaussian" and k[2] == 1.0)}
+    mu2 = sum(n / k[1] ** 2 for k, n in groups.items() if k[0] == "gaussian" and k[2] == 1.0)
+    if mu2 > 0:
+        out[("gaussian", float(mu2 ** -0.5), 1.0)] = 1
+    return out
+
+
 def _groups(records: Iterable[DpRecord]) -> tuple[tuple[tuple[str, float, float], int], ...]:
     counts: Counter = Counter()
     for record in records:
         counts[record.accounting_key()] += record.count
-    return tuple(sorted(counts.items()))
+    return tuple(sorted(merge_gaussians(counts).items()))
 
 
 def epsilon(records: Iterable[DpRecord], delta: float, accountant: str = "rdp") -> float:
     """Epsilon of one party's view of a set of records. Records with the same mechanism, multiplier and
-    rate are composed as one SelfComposed event (composition is commutative, so this is the same
-    number dp_accounting gives record by record, and fast for long runs)."""
+    rate are composed as one SelfComposed event and unsampled Gaussians as one Gaussian (composition is
+    commutative and Gaussians compose exactly, so this is the number dp_accounting gives record by
+    record, and fast for long runs)."""
     _check_delta(delta)
     make_accountant(accountant)
     return _grouped_epsilon(_groups(records), float(delta), accountant)
@@ -87,3 +102,15 @@ def summarise(epsilons: Mapping[str, float]) -> dict[str, float]:
     if not values:
         return {"epsilon_max": 0.0, "epsilon_mean": 0.0}
     return {"epsilon_max": float(max(values)), "epsilon_mean": float(sum(values) / len(values))}
+
+
+def epsilon_of_releases(releases: Iterable[tuple[str, float, float, int]], delta: float,
+                        accountant: str = "rdp") -> float:
+    """Epsilon of planned releases given as (mechanism, noise_multiplier, sampling_rate, count) tuples."""
+    _check_delta(delta)
+    make_accountant(accountant)
+    counts: Counter = Counter()
+    for mechanism, z, rate, count in releases:
+        if count > 0:
+            counts[(mechanism, float(z), float(rate))] += int(count)
+    return _grouped_epsilon(tuple(sorted(merge_gaussians(counts).items())), float(delta), accountant)

@@ -1,0 +1,98 @@
+"""The [privacy] section of the run configuration and its cross-checks.
+
+    [privacy]
+    enabled = true
+    trust = "untrusted"                  # every edge not named in trust_table
+    trust_table = { "edge-000" = "trusted" }
+    # or: trusted_fraction = 0.5         # exactly round(0.5 * edges) trusted edges, drawn from the run seed
+    epsilon = 1.0
+    delta = 1e-5
+    calibration = "sound"                # paper | sound | noise_multiplier
+
+The integrator adds `privacy: PrivacySection` to hfl.common.config.Config; nothing here edits that module.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from hfl.common.config import ConfigError, choice, doc
+
+from .trust import LEVELS, TRUSTED, resolve_trust, trusted_count
+
+
+@dataclass(frozen=True)
+class PrivacySection:
+    enabled: bool = doc(False, "add DP noise and keep the privacy ledger")
+    level: str = choice("user", ("user", "sample"), "unit of privacy: a device's whole data (user) or one record (sample, DP-SGD)")
+    placement: str = choice("by_trust", ("by_trust", "aggregator"),
+                            "by_trust: H2FDP, the trusted edge adds noise, else every device; aggregator: DP-FedAvg, "
+                            "only trusted edges add noise (every edge must be trusted)")
+    trust: str = choice("untrusted", LEVELS, "trust of every edge not named in trust_table (the cloud is never trusted)")
+    trust_table: dict = field(default_factory=dict, metadata={"doc": "per-edge trust: [privacy.trust_table] edge-000 = \"trusted\""})
+    trusted_fraction: float = doc(-1.0, "exactly round(p * edges) trusted edges drawn from the run seed; -1 = unset")
+    epsilon: float = doc(1.0, "privacy budget per device for the whole run")
+    delta: float = doc(1e-5, "delta of the (epsilon, delta) budget, in (0, 1)")
+    clip: float = doc(1.0, "clip norm: G on minibatch gradients (H2FDP) or S on each update (DP-FedAvg)")
+    calibration: str = choice("sound", ("paper", "sound", "noise_multiplier"),
+                              "paper: the paper's formula (epsilon labelled claimed); sound: accountant-calibrated; "
+                              "noise_multiplier: the given z")
+    noise_multiplier: float = doc(1.0, "calibration = noise_multiplier: z = noise std / sensitivity")
+    c2: float = doc(1.0, "paper calibration constant c2 (not given by paper 000)")
+    v2: float = doc(-1.0, "paper constant for device noise (paper 000 Thm 4.3); -1 = equal to c2")
+    accountant: str = choice("rdp", ("rdp", "pld"), "dp_accounting accountant")
+    mechanism: str = choice("gaussian", ("gaussian", "laplace"), "noise distribution")
+    client_rate: float = doc(1.0, "DP-FedAvg client sampling rate q_c, in (0, 1]")
+
+
+def _fail(key: str, message: str) -> None:
+    raise ConfigError(f"privacy.{key} {message}")
+
+
+def validate_privacy(section: PrivacySection, edge_ids: Sequence[str], algorithm: str = "") -> None:
+    """Cross-checks the loader cannot do alone; each failure names its key. `algorithm` (run.algorithm)
+    counts as DP-FedAvg when it is "dp-fedavg", like placement = "aggregator"."""
+    if not section.epsilon > 0:
+        _fail("epsilon", f"must be > 0, got {section.epsilon!r}")
+    if not 0.0 < section.delta < 1.0:
+        _fail("delta", f"must lie in (0, 1), got {section.delta!r}")
+    if section.clip < 0:
+        _fail("clip", f"must be >= 0 (a norm), got {section.clip!r}")
+    if section.enabled and section.clip == 0:
+        _fail("clip", "must be > 0 when privacy is enabled (a zero bound erases every update)")
+    if section.calibration == "noise_multiplier" and not section.noise_multiplier > 0:
+        _fail("noise_multiplier", f"must be > 0, got {section.noise_multiplier!r}")
+    if not section.c2 > 0:
+        _fail("c2", f"must be > 0, got {section.c2!r}")
+    if not (section.v2 > 0 or section.v2 == -1.0):
+        _fail("v2", f"must be > 0, or -1 for 'equal to c2', got {section.v2!r}")
+    if not 0.0 < section.client_rate <= 1.0:
+        _fail("client_rate", f"must lie in (0, 1], got {section.client_rate!r}")
+    if section.trust not in LEVELS:
+        _fail("trust", f"must be one of {', '.join(LEVELS)}, got {section.trust!r}")
+    unknown = sorted(set(section.trust_table) - set(edge_ids))
+    if unknown:
+        _fail("trust_table", f"names unknown edge id(s) {', '.join(unknown)}; known edges: {', '.join(sorted(edge_ids))}")
+    for edge, word in sorted(section.trust_table.items()):
+        if word not in LEVELS:
+            _fail(f"trust_table.{edge}", f"must be one of {', '.join(LEVELS)}, got {word!r}")
+    fraction_set = section.trusted_fraction != -1.0
+    if fraction_set and not 0.0 <= section.trusted_fraction <= 1.0:
+        _fail("trusted_fraction", f"must lie in [0, 1] (or -1 = unset), got {section.trusted_fraction!r}")
+    if fraction_set and section.trust_table:
+        _fail("trusted_fraction", "cannot be combined with privacy.trust_table: give one of them")
+    dp_fedavg = section.placement == "aggregator" or algorithm == "dp-fedavg"
+    if section.enabled and dp_fedavg and section.level == "user":
+        # P12 (digest 002): user-level DP-FedAvg adds no device noise, so whoever aggregates raw clipped
+        # updates must be trusted; the cloud never is, so every edge must be.
+        if fraction_set:
+            untrusted = len(edge_ids) - trusted_count(section.trusted_fraction, len(edge_ids))
+            names = f"{untrusted} of {len(edge_ids)} edges"
+        else:
+            levels = resolve_trust(edge_ids, section.trust, table=section.trust_table)
+            bad = [e for e, w in levels.items() if w != TRUSTED]
+            untrusted, names = len(bad), ", ".join(bad)
+        if untrusted:
+            _fail("trust", f"user-level DP needs a trusted aggregator: DP-FedAvg adds noise only at the edge, and "
+                           f"untrusted edges ({names}) would see raw updates (paper 002, P12); mark them trusted "
+                           f"or use placement = \"by_trust\" (H2FDP / HFL-DP)")

@@ -61,6 +61,7 @@ class CloudServer(pbg.CloudServiceServicer):
         self.started = False
         self.stop = asyncio.Event()
         self.rejected_aggregates = 0
+        self.spec_json = None  # set last in prepare(): until then every RPC answers UNAVAILABLE
         self.refusals = Refusals()
         self.board = RoundBoard()
         self.round = -1
@@ -92,12 +93,16 @@ class CloudServer(pbg.CloudServiceServicer):
         self.first_round, self.rows = 0, []
         if self.resume:
             self._load_checkpoint()
+            self.round = self.first_round  # edges may submit this round as soon as they reconnect
+            self._load_pending(self.round)
         self.spec_json = json.dumps({"config": config_mod.to_dict(self.cfg), "model_dim": self.dim,
                                      "samples": self.device_samples})
         log.info("model %s: %d parameters; %d test samples; run %s", self.cfg.model.name, self.dim, len(self.test), self.run_id)
 
     # ---- edge-facing RPCs -------------------------------------------------------------------
     def _check_edge(self, context, node: str) -> None:
+        if self.spec_json is None:
+            raise wire.WireError(grpc.StatusCode.UNAVAILABLE, "the cloud is starting", "not_ready")
         validate.check_id(node, "node_id")
         if node not in self.edges:
             raise wire.WireError(grpc.StatusCode.PERMISSION_DENIED,
@@ -181,6 +186,8 @@ class CloudServer(pbg.CloudServiceServicer):
 
     async def Submit(self, request_iterator, context) -> pb.Ack:
         try:
+            if self.spec_json is None:
+                raise wire.WireError(grpc.StatusCode.UNAVAILABLE, "the cloud is starting", "not_ready")
             envelope, size = await wire.read_envelope(request_iterator, self.max_bytes)
             validate.check_meta(envelope.meta, self.cfg.run.rounds, 1 << 16)
             self._authenticate(context, envelope.meta.sender_id)
@@ -271,10 +278,9 @@ class CloudServer(pbg.CloudServiceServicer):
         cloud_weights = plans.weights_rule(cfg, "cloud")
         for r in range(self.first_round, cfg.run.rounds):
             round_started = time.monotonic()
-            self.round = r
-            self.results = {}
-            if self.resume and r == self.first_round:
-                self._load_pending(r)
+            if not (self.resume and r == self.first_round):  # a resumed round keeps what was accepted already
+                self.round = r
+                self.results = {}
             tensor = self.downlink.send(self.w, "model", cfg.run.seed, 0, r, -1)[0]
             task = pb.RoundTask(round=r, phases=plan)
             await self.board.publish(r, pb.Envelope(meta=pb.Meta(run_id=self.run_id, round=r, sender_id="cloud"),

@@ -203,7 +203,9 @@ class EdgeServer(pbg.EdgeServiceServicer):
         return barrier, Contribution(vec, self.samples[node], scalars)
 
     async def Exchange(self, request_iterator, context):
-        node = None
+        # A refused message changes nothing, not even for the member it claims to come from: it may still
+        # send a valid upload. (A device whose own upload is refused sits the round out; the barrier stops
+        # waiting for it after net.phase_timeout_s.)
         try:
             self._check_ready()
             envelope, size = await wire.read_envelope(request_iterator, self.max_bytes)
@@ -212,8 +214,6 @@ class EdgeServer(pbg.EdgeServiceServicer):
             node = envelope.meta.sender_id
             barrier, contribution = self._validate(envelope)
         except wire.WireError as exc:
-            if node is not None and exc.reason not in ("wrong_round", "wrong_run", "not_in_round"):
-                self._sit_out(node, f"its upload was refused ({exc.reason})")
             await refuse(context, self.refusals, exc)
         self.bytes_up += size
         barrier.contributions[node] = contribution
@@ -225,13 +225,6 @@ class EdgeServer(pbg.EdgeServiceServicer):
         for chunk in barrier.reply:
             yield chunk
         self.bytes_down += barrier.reply_size
-
-    def _sit_out(self, node: str, why: str) -> None:
-        """An authenticated member whose upload was refused cannot go on with this round: stop waiting for it."""
-        if node in self.round_members and node not in self.out:
-            self.out.add(node)
-            log.warning("dropping %s from round %d: %s", node, self.round, why)
-            self.live.poke()
 
     # ---- the edge's link with the cloud -------------------------------------------------------
     async def join_cloud(self) -> pb.RegisterReply:
@@ -246,6 +239,7 @@ class EdgeServer(pbg.EdgeServiceServicer):
             if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
                 raise
             reply = await self.cloud.register("", rejoin=True)  # this edge restarted while the run goes on
+            log.info("%s rejoined its run at round %d (restarted while the run went on)", self.id, reply.round)
         spec = json.loads(reply.spec_json)
         self.cfg = config_mod.from_dict(spec["config"], check_choices=False)
         self.spec_json = reply.spec_json

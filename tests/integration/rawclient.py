@@ -7,7 +7,7 @@ import threading
 import grpc
 import numpy as np
 
-from hfl.common import wire
+from hfl.common import session, wire
 from hfl.proto import hfl_v1_pb2 as pb
 from hfl.proto import hfl_v1_pb2_grpc as pbg
 
@@ -34,37 +34,68 @@ class RawDevice:
         self.num_samples = num_samples
         discovery = self.stub.Register(pb.RegisterRequest(node_id=""), wait_for_ready=True, timeout=120)
         self.run_id = discovery.run_id
-        self.dim = json.loads(discovery.spec_json)["model_dim"]
+        spec = json.loads(discovery.spec_json)
+        self.dim = spec["model_dim"]
+        if node_id.startswith("dev-") and node_id[4:].isdigit() and int(node_id[4:]) < len(spec["samples"]):
+            self.num_samples = spec["samples"][int(node_id[4:])]  # the claim the edge checks
+        self.token = ""
+        self.presence = None
 
-    def register(self):
-        return self.stub.Register(pb.RegisterRequest(run_id=self.run_id, node_id=self.id, num_samples=self.num_samples))
+    @property
+    def metadata(self):
+        return session.metadata(self.token)
 
-    def fetch(self, after: int) -> pb.Envelope:
-        return wire.read_envelope_sync(self.stub.FetchRound(pb.FetchRequest(run_id=self.run_id, node_id=self.id,
-                                                                            after_round=after)))[0]
+    def register(self, num_samples: int | None = None, rejoin: bool = False, hold_presence: bool = True):
+        reply = self.stub.Register(pb.RegisterRequest(run_id=self.run_id, node_id=self.id, rejoin=rejoin,
+                                                      num_samples=self.num_samples if num_samples is None else num_samples))
+        self.token = reply.session_token
+        if hold_presence:  # a live session, as a real device holds it
+            self.presence = self.stub.Presence(pb.PresenceRequest(run_id=self.run_id, node_id=self.id),
+                                               metadata=self.metadata)
+            next(self.presence)
+        return reply
 
-    def envelope(self, round_: int, step: int, phase: str, vec=None, sender=None, tensor=None) -> pb.Envelope:
+    def fetch(self, after: int, attempt: int = 0, metadata=None) -> pb.Envelope:
+        call = self.stub.FetchRound(pb.FetchRequest(run_id=self.run_id, node_id=self.id, after_round=after,
+                                                    after_attempt=attempt), metadata=metadata or self.metadata)
+        return wire.read_envelope_sync(call)[0]
+
+    def envelope(self, round_: int, step: int, phase: str, vec=None, sender=None, tensor=None, attempt: int = 0,
+                 scalars=None) -> pb.Envelope:
         if tensor is None:
             tensor = wire.encode(np.zeros(self.dim, np.float32) if vec is None else vec, "float32", "delta")
         meta = pb.Meta(run_id=self.run_id, round=round_, phase=phase, step=step, sender_id=sender or self.id,
-                       num_samples=self.num_samples, num_devices=1)
-        return pb.Envelope(meta=meta, tensors=[tensor])
+                       num_samples=self.num_samples, num_devices=1, attempt=attempt)
+        return pb.Envelope(meta=meta, tensors=[tensor], scalars=scalars or {})
 
-    def exchange(self, payload) -> pb.Envelope:
-        return wire.read_envelope_sync(self.stub.Exchange(iter(stream(payload))))[0]
+    def exchange(self, payload, metadata=None) -> pb.Envelope:
+        return wire.read_envelope_sync(self.stub.Exchange(iter(stream(payload)), metadata=metadata or self.metadata))[0]
 
     def exchange_in_background(self, payload) -> threading.Thread:
         result = {}
-        thread = threading.Thread(target=lambda: result.update(reply=self.exchange(payload)), daemon=True)
+
+        def run():
+            try:
+                result["reply"] = self.exchange(payload)
+            except grpc.RpcError as exc:
+                result["error"] = exc.code()
+
+        thread = threading.Thread(target=run, daemon=True)
         thread.result = result
         thread.start()
         return thread
 
 
 class RawEdge:
-    def __init__(self, address: str):
+    def __init__(self, address: str, token: str = ""):
         self.channel = grpc.insecure_channel(address)
         self.stub = pbg.CloudServiceStub(self.channel)
+        self.token = token
 
-    def submit(self, envelope_or_bytes) -> pb.Ack:
-        return self.stub.Submit(iter(stream(envelope_or_bytes)))
+    def register(self, node_id: str, rejoin: bool = False):
+        reply = self.stub.Register(pb.RegisterRequest(node_id=node_id, rejoin=rejoin), timeout=30)
+        self.token = reply.session_token
+        return reply
+
+    def submit(self, envelope_or_bytes, metadata=None) -> pb.Ack:
+        return self.stub.Submit(iter(stream(envelope_or_bytes)), metadata=metadata or session.metadata(self.token))

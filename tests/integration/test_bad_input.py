@@ -54,7 +54,13 @@ def attack_edge_and_cloud(tb, dev, round_, step, kind, good):
     bad["register unknown id"] = status_of(lambda: RawDevice(tb.edge_addresses[1], "dev-09999").register())
     bad["register other cluster"] = status_of(lambda: RawDevice(tb.edge_addresses[1], "dev-00000").register())
     bad["unknown sender"] = status_of(lambda: dev.exchange(env(sender="dev-09999")))
-    bad["wrong round"] = status_of(lambda: dev.exchange(env(round_=round_ + 5)))
+    bad["impersonate dev-00004 (no token)"] = status_of(lambda: dev.exchange(env(sender="dev-00004"), metadata=(("x", "y"),)))
+    bad["impersonate dev-00004 (b's token)"] = status_of(lambda: dev.exchange(env(sender="dev-00004")))
+    bad["second register of a live device"] = status_of(lambda: RawDevice(tb.edge_addresses[1], "dev-00004").register())
+    bad["weight hijack (num_samples 10**12)"] = status_of(
+        lambda: RawDevice(tb.edge_addresses[1], "dev-00005").register(num_samples=10**12, rejoin=True))
+    bad["wrong round"] = status_of(lambda: dev.exchange(env(round_=round_ + 1)))
+    bad["round out of range"] = status_of(lambda: dev.exchange(env(round_=round_ + 5)))
     bad["wrong phase"] = status_of(lambda: dev.exchange(env(step=step + 1)))
     bad["wrong shape"] = status_of(lambda: dev.exchange(env(vec=np.zeros(dev.dim - 1, np.float32))))
     f64 = wire.encode(np.zeros(dev.dim, np.float32), "float32", "delta")
@@ -79,8 +85,9 @@ def attack_edge_and_cloud(tb, dev, round_, step, kind, good):
 
     bad["cloud: unknown edge"] = status_of(lambda: edge.submit(sub("edge-999")))
     nan_delta = wire.encode(np.full(dev.dim, np.nan, np.float32), "float32", "delta")
-    bad["cloud: nan"] = status_of(lambda: edge.submit(sub("edge-001", tensor=nan_delta)))
-    bad["cloud: wrong round"] = status_of(lambda: edge.submit(sub("edge-001", r=round_ + 3)))
+    bad["cloud: nan, impersonating edge-001"] = status_of(lambda: edge.submit(sub("edge-001", tensor=nan_delta)))
+    bad["cloud: edge-001's run id and round, no token"] = status_of(lambda: edge.submit(sub("edge-001")))
+    bad["cloud: second register of a live edge"] = status_of(lambda: edge.register("edge-001", rejoin=True))
     return bad, pending
 
 
@@ -95,12 +102,15 @@ def test_bad_messages_refused_without_effect(hfl_testbed):
 
     assert statuses == {
         "register unknown id": S.PERMISSION_DENIED, "register other cluster": S.PERMISSION_DENIED,
-        "unknown sender": S.PERMISSION_DENIED, "wrong round": S.FAILED_PRECONDITION,
+        "unknown sender": S.PERMISSION_DENIED, "wrong round": S.FAILED_PRECONDITION, "round out of range": S.INVALID_ARGUMENT,
         "wrong phase": S.FAILED_PRECONDITION, "wrong shape": S.INVALID_ARGUMENT, "wrong dtype": S.INVALID_ARGUMENT,
         "nan": S.INVALID_ARGUMENT, "oversized": S.RESOURCE_EXHAUSTED, "malformed": S.INVALID_ARGUMENT,
         "replay": S.ALREADY_EXISTS,
-        "cloud: unknown edge": S.PERMISSION_DENIED, "cloud: nan": S.INVALID_ARGUMENT,
-        "cloud: wrong round": S.FAILED_PRECONDITION,
+        "cloud: unknown edge": S.PERMISSION_DENIED, "cloud: nan, impersonating edge-001": S.PERMISSION_DENIED,
+        "cloud: edge-001's run id and round, no token": S.PERMISSION_DENIED,
+        "cloud: second register of a live edge": S.ALREADY_EXISTS,
+        "impersonate dev-00004 (no token)": S.PERMISSION_DENIED, "impersonate dev-00004 (b's token)": S.PERMISSION_DENIED,
+        "second register of a live device": S.ALREADY_EXISTS, "weight hijack (num_samples 10**12)": S.ALREADY_EXISTS,
     }
     # every refusal counted in the metrics, and not one changed an aggregate
     assert clean_summary["refused"] == 0 and summary["refused"] == len(statuses)

@@ -1,0 +1,171 @@
+"""kill -9 of a device host, an edge or the cloud, with and without a restart, on real processes.
+
+Training in a round is a pure function of (global model, seed, device, round, step), so a node that
+comes back within `net.rejoin_grace_s` lets its round be redone and the run ends with exactly the
+metrics of an uninterrupted run with the same seed.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import grpc
+import psutil
+import pytest
+
+from hfl.proto import hfl_v1_pb2 as pb
+from hfl.proto import hfl_v1_pb2_grpc as pbg
+
+from .conftest import SMALL
+
+FAULTS = SMALL + ["run.rounds=4", "topology.hosts_per_edge=2", "net.rejoin_grace_s=40", "net.phase_timeout_s=60"]
+
+
+def key(rows):
+    return [(r["round"], r["accuracy"], r["loss"], r["train_loss"]) for r in rows]
+
+
+@pytest.fixture(scope="module")
+def clean_rows(tmp_path_factory):
+    from hfl.testbed import Testbed
+
+    with Testbed(overrides=FAULTS, run_dir=tmp_path_factory.mktemp("clean")) as tb:
+        tb.wait(timeout=300)
+        return tb.metrics()
+
+
+def wait_rows(tb, n, timeout=120):
+    deadline = time.monotonic() + timeout
+    while len(tb.metrics()) < n:
+        assert time.monotonic() < deadline, "run did not progress"
+        tb.check()
+        time.sleep(0.05)
+
+
+def test_edge_killed_and_restarted_gives_the_clean_metrics(hfl_testbed, clean_rows):
+    tb = hfl_testbed(overrides=FAULTS)
+    wait_rows(tb, 1)
+    tb.kill("edge-001")
+    killed = time.monotonic()
+    cloud_log = tb.run_dir / "logs" / "cloud.log"
+    while "lost edge-001" not in cloud_log.read_text():
+        assert time.monotonic() - killed < 5, "the cloud did not notice the dead edge within 5 s"
+        time.sleep(0.05)
+    tb.restart("edge-001")
+    tb.wait(timeout=300)
+    assert key(tb.metrics()) == key(clean_rows)
+    edge_log = (tb.run_dir / "logs" / "edge-001.log").read_text()
+    assert "registered again with the cloud" in edge_log or "rejoin" in edge_log
+    hosts = (tb.run_dir / "logs" / "devices-001-0.log").read_text()
+    assert "reconnecting" in hosts and "registered again with its edge" in hosts
+
+
+def test_cloud_killed_and_resumed_gives_the_clean_metrics(hfl_testbed, clean_rows):
+    tb = hfl_testbed(overrides=FAULTS)
+    wait_rows(tb, 2)
+    tb.kill("cloud")
+    tb.restart("cloud", resume=True)
+    tb.wait(timeout=300)
+    rows = tb.metrics()
+    assert key(rows) == key(clean_rows)
+    summary = tb.summary()
+    assert summary["resumed"] is True and summary["rounds"] == 4
+    assert len({r["round"] for r in rows}) == len(rows) == 4  # no round twice, none missing
+
+
+def test_device_host_killed_and_restarted_gives_the_clean_metrics(hfl_testbed, clean_rows):
+    tb = hfl_testbed(overrides=FAULTS)
+    wait_rows(tb, 1)
+    tb.kill("devices-000-1")
+    time.sleep(0.5)
+    tb.restart("devices-000-1")
+    tb.wait(timeout=300)
+    rows = tb.metrics()
+    assert key(rows) == key(clean_rows)
+    assert sum(r["rejoined_devices"] for r in rows) >= 1
+
+
+def test_device_host_killed_for_good_the_run_goes_on(hfl_testbed):
+    tb = hfl_testbed(overrides=SMALL + ["run.rounds=4", "topology.hosts_per_edge=3", "net.rejoin_grace_s=2"])
+    rows = []
+    for row in tb.iter_metrics(timeout=300):
+        rows.append(row)
+        if len(rows) == 1:
+            tb.kill("devices-001-2")
+    summary = tb.wait(timeout=300)
+    assert summary["rounds"] == 4
+    assert rows[0]["devices"] == 6 and rows[-1]["devices"] == 5 and rows[-1]["dropped_devices"] == 1
+    assert "dropping dev-00005" in (tb.run_dir / "logs" / "edge-001.log").read_text()
+
+
+def test_a_diverging_device_is_refused_and_its_host_survives(hfl_testbed):
+    # lr = 1e30 makes every local update non-finite: each upload is refused, the hosts carry on
+    tb = hfl_testbed(overrides=SMALL + ["run.rounds=2", "train.tau=1", "train.lr=1e30", "net.phase_timeout_s=2"])
+    summary = tb.wait(timeout=300)
+    rows = tb.metrics()
+    assert summary["rounds"] == 2 and all(n.returncode() == 0 for n in tb.nodes.values())
+    assert all(r["refused"] >= 6 for r in rows) and all(r["devices"] == 0 for r in rows)
+    log = (tb.run_dir / "logs" / "devices-000-0.log").read_text()
+    assert "sitting out the rest of the round" in log and "refusals of our messages: 6" in log
+
+
+def test_exchange_before_the_edge_joined_is_unavailable(tmp_path):
+    port_file = tmp_path / "port"
+    proc = subprocess.Popen([sys.executable, "-m", "hfl.cli", "edge", "--id", "edge-000", "--listen", "127.0.0.1:0",
+                             "--cloud", "127.0.0.1:9", "--port-file", str(port_file), "--wait", "30"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not port_file.exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        with grpc.insecure_channel(f"127.0.0.1:{port_file.read_text().strip()}") as chan:
+            stub = pbg.EdgeServiceStub(chan)
+            with pytest.raises(grpc.RpcError) as err:
+                list(stub.Exchange(iter([pb.Chunk(data=b"")]), timeout=10))
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+            with pytest.raises(grpc.RpcError) as err:
+                stub.Register(pb.RegisterRequest(node_id="dev-00000", num_samples=1), timeout=10)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _hfl_run(tmp_path, *extra):
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "hfl.cli", "run", "--quiet", "--out", str(out), *extra,
+                             *[f"--set={o}" for o in SMALL + ["run.rounds=4", "topology.hosts_per_edge=2",
+                                                              "net.rejoin_grace_s=2"]]],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    me = psutil.Process(proc.pid)
+    deadline = time.monotonic() + 120
+    victim = None
+    while victim is None:
+        assert time.monotonic() < deadline and proc.poll() is None
+        rows = (out / "metrics.jsonl").read_text().splitlines() if (out / "metrics.jsonl").exists() else []
+        if rows:
+            victim = next((c for c in me.children() if "--host-index" in c.cmdline() and
+                           c.cmdline()[c.cmdline().index("--host-index") + 1] == "1"), None)
+        time.sleep(0.05)
+    os.killpg(victim.pid, signal.SIGKILL)
+    stdout, stderr = proc.communicate(timeout=300)
+    return proc.returncode, json.loads((out / "summary.json").read_text()), stderr
+
+
+def test_hfl_run_goes_on_when_a_device_host_dies_and_records_it(tmp_path):
+    code, summary, stderr = _hfl_run(tmp_path)
+    assert code == 1, stderr[-2000:]
+    assert summary["rounds"] == 4
+    deaths = summary["node_deaths"]
+    assert len(deaths) == 1 and deaths[0]["node"].endswith("-1") and deaths[0]["exit_status"] == -9
+    assert deaths[0]["seconds_after_launch"] > 0 and "log_tail" in deaths[0]
+    assert "node death" in stderr
+
+
+def test_hfl_run_allow_deaths_exits_zero(tmp_path):
+    code, summary, stderr = _hfl_run(tmp_path, "--allow-deaths")
+    assert code == 0, stderr[-2000:]
+    assert len(summary["node_deaths"]) == 1

@@ -135,7 +135,9 @@ class Link:
         rng = numpy_rng(seed, self.tier, node, round_, step, "encode")
         tensor = wire.encode(vec, self.encoding, tensor_name, rng, **params)
         if self.encoding not in IDENTITY_NAMES:
-            extra = _distortion(vec, codec.decode(tensor)) if getattr(codec, "quantizer", False) else {}
+            extra = {}
+            if getattr(codec, "quantizer", False):
+                extra = {**_distortion(vec, codec.decode(tensor)), **codec.expected_stats(vec, **params)}
             used = codec.params(**params) if hasattr(codec, "params") else params
             transforms.append(StageRef("encode", self.encoding, used).record(self.tier, len(tensor.data) * 8, extra))
         return tensor, transforms

@@ -112,6 +112,10 @@ class QuantizingCodec:
     def check(self, payload: Payload, tensor: pb.Tensor) -> None:
         raise NotImplementedError
 
+    def expected_stats(self, vec: np.ndarray, **params) -> dict[str, float]:
+        """Closed-form expectations a receiver cannot compute itself (recorded beside the measured error)."""
+        return {}
+
     def roundtrip(self, vec: np.ndarray, rng: np.random.Generator, **params) -> np.ndarray:
         return self.dequantize(self.quantize(vec, rng, **self.params(**params)))
 
@@ -160,6 +164,10 @@ class QSGDCodec(QuantizingCodec):
 
     def side_count(self, count: int, p: dict) -> int:
         return qsgd_mod.bucket_count(count, p["bucket_size"])
+
+    def expected_stats(self, vec, **params) -> dict[str, float]:
+        p = self.params(**params)
+        return {"q_expected": qsgd_mod.qsgd_expected_relative_error(np.asarray(vec).ravel(), **p)}
 
     def quantize(self, vec, rng, levels: int, bucket_size: int) -> Payload:
         norms, codes = qsgd_mod.qsgd_quantize(vec, levels, rng, bucket_size)
@@ -244,6 +252,11 @@ class DPSQCodec(GridCodec):
         if "epsilon1" not in raw:
             raise ValueError("dpsq: epsilon1 is required (per-coordinate DP level, >= 0)")
         return {**self.grid_params(raw), "epsilon1": dpsq_mod.check_epsilon1(raw["epsilon1"])}
+
+    def expected_stats(self, vec, **params) -> dict[str, float]:
+        """Sum of eq. (7) over coordinates: the device-reported distortion of FWO option (a) (digest P3)."""
+        p = self.params(**params)
+        return {"expected_distortion": float(dpsq_mod.dpsq_expected_distortion(np.asarray(vec).ravel(), **p).sum())}
 
     def quantize(self, vec, rng, bits: int, epsilon1: float, range_mode: str, clip: float | None = None) -> Payload:
         return self.grid_payload(*dpsq_mod.dpsq_quantize(vec, rng, bits, epsilon1, range_mode, clip), bits)

@@ -97,6 +97,8 @@ def test_links_carry_codecs_with_config_params_seeded_rng_and_overrides():
     assert t.params["q_measured"] == pytest.approx(
         float(np.sum((out.astype(np.float64) - vec) ** 2) / np.sum(vec.astype(np.float64) ** 2)), rel=1e-6)
 
+    assert t.params["expected_distortion"] > 0  # eq. 7 summed, for FWO option (a)
+
     narrow, transforms = up.send(vec, "delta", 11, 5, 2, 0, overrides={"encode": {"bits": 2}})
     assert read_payload(narrow).width == 2 and transforms[0].params["bits"] == 2
     with pytest.raises(ValueError, match="overrides"):
@@ -104,6 +106,8 @@ def test_links_carry_codecs_with_config_params_seeded_rng_and_overrides():
 
     tensor, transforms = back.send(vec, "delta", 11, 0, 2, 1)
     assert read_payload(tensor).levels == 10 and transforms[0].tier == "edge"  # hop table overrides codec table
+    # one draw of q against its expectation: its relative sd here is 6.5% (2000 seeds), so 30% is ~4.6 sd
+    assert transforms[0].params["q_measured"] == pytest.approx(transforms[0].params["q_expected"], rel=0.3)
     assert back.receive(tensor, 257, 11, 0, 2, 1)[0].shape == (257,)
 
 

@@ -80,8 +80,8 @@ def test_ledger_epsilon_matches_dp_accounting_direct_pld():
     got = device_epsilons(records, DELTA, "pld")
     for d in DEVICES:
         # PLD discretises each distribution (interval 1e-4, pessimistic), and folding Gaussians changes
-        # what gets discretised: 1% relative covers the discretisation, a wrong event would be far off.
-        assert got[d] == pytest.approx(direct_epsilon(records, d, "pld"), rel=0.01)
+        # what gets discretised: 1e-4 relative covers that (measured 1.5e-8); RDP differs by ~8% here.
+        assert got[d] == pytest.approx(direct_epsilon(records, d, "pld"), rel=1e-4)
 
 
 def test_epsilon_of_releases_equals_records():

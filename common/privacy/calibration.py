@@ -267,3 +267,28 @@ def calibrate_dp_fedavg(*, epsilon: float, delta: float, rounds: int, client_rat
     return NoiseSetting(mode=mode, tier="edge", stream="global", mechanism="gaussian", noise_multiplier=z,
                         sensitivity=sensitivity, std=z * sensitivity, releases=int(rounds), sampling_rate=client_rate,
                         epsilon=spent, epsilon_claimed=claimed, delta=delta, accountant=accountant)
+
+
+def h2fdp_round_records(round_: int, levels: dict[str, str], participants: dict[str, Sequence[str]],
+                        settings: dict[str, dict[str, NoiseSetting]], local_per_round: int) -> list[DpRecord]:
+    """The DP records one H2FDP round will produce, for the ledger's budget check before the round
+    (and to compare with what the messages report after it).
+
+    levels: edge -> "trusted"/"untrusted"; participants: edge -> device ids taking part; settings:
+    edge -> {"local": ..., "global": ...} from calibrate_h2fdp. A trusted edge makes one record per
+    stream covering its participants; behind an untrusted edge each participant makes its own.
+    """
+    per_round = {"local": local_per_round, "global": 1}
+    records = []
+    for edge in sorted(levels):
+        members = tuple(sorted(participants.get(edge, ())))
+        if not members:
+            continue
+        for stream, setting in sorted(settings[edge].items()):
+            if per_round[stream] == 0:
+                continue
+            if levels[edge] == "trusted":
+                records.append(setting.record(edge, members, round_, per_round[stream]))
+            else:
+                records.extend(setting.record(d, (d,), round_, per_round[stream]) for d in members)
+    return records

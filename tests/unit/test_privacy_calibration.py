@@ -137,3 +137,24 @@ def test_dp_fedavg_paper_mode_is_labelled_and_under_noised():
 def test_bad_input_names_the_parameter(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_round_records_put_noise_at_the_policy_tier_and_sum_to_the_plan():
+    from hfl.common.privacy.calibration import h2fdp_round_records
+    from hfl.common.privacy.ledger import PrivacyLedger
+
+    levels = {"edge-000": "trusted", "edge-001": "untrusted"}
+    members = {"edge-000": ["dev-00001", "dev-00000"], "edge-001": ["dev-00002", "dev-00003"]}
+    kw = {**BASE, "participants": 2, "rounds": 4}
+    settings = {e: calibrate_h2fdp(trusted=lvl == "trusted", **kw) for e, lvl in levels.items()}
+    recs = h2fdp_round_records(0, levels, members, settings, 3)
+    assert {(r.tier, r.node, r.covers) for r in recs} == {
+        ("edge", "edge-000", ("dev-00000", "dev-00001")), ("device", "dev-00002", ("dev-00002",)),
+        ("device", "dev-00003", ("dev-00003",))}
+    ledger = PrivacyLedger(1e-5)
+    for k in range(4):
+        assert not ledger.would_exceed(h2fdp_round_records(k, levels, members, settings, 3), 1.0)
+        ledger.record_round(k, h2fdp_round_records(k, levels, members, settings, 3))
+    assert ledger.summary()["epsilon_max"] == pytest.approx(settings["edge-000"]["global"].epsilon)
+    assert 0.95 <= ledger.summary()["epsilon_max"] <= 1.0
+    assert ledger.would_exceed(h2fdp_round_records(4, levels, members, settings, 3), 1.0)  # a 5th round is refused

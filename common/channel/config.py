@@ -1,0 +1,110 @@
+"""The [channel] and [clock] config sections (integrator wires them into hfl.common.config.Config).
+
+Defaults: paper 003 Table I for the OTA plane (digest 003 sec. 8), paper 000 App. D for digital links
+(digest 000 sec. 3/8), paper 001 Table III / paper 003 for compute (digests 001 and 003 sec. 8).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hfl.common.config import ConfigError, choice, doc
+
+from .ota import OtaParams
+
+
+@dataclass(frozen=True)
+class ChannelSection:
+    model: str = choice("ideal", ("ideal", "orthogonal", "ota"), "device <-> edge medium: ideal digital, "
+                        "orthogonal (interference-free, exact averages over the OTA active sets), ota (paper 003)")
+    lambda_p: float = doc(20.0, "edge-server density per km^2 (paper 003 Table I)", min=0.0)
+    devices_per_cluster: int = doc(15, "M: devices per collaborating cluster", min=1)
+    interferer_devices: int = doc(15, "M_n: devices per non-collaborating (interferer) cluster", min=0)
+    collaborating: int = doc(3, "C: clusters of the same task (reference + C-1 nearest)", min=1)
+    R: float = doc(30.0, "cluster radius R in metres", min=0.0)
+    r0: float = doc(4.0, "protective-zone radius r0 in metres", min=0.0)
+    window_radius: float = doc(1000.0, "radius of the simulated plane in metres (digest 10.8: >= 1 km)", min=0.0)
+    alpha: float = doc(4.0, "path-loss exponent (> 2 for ota)")
+    th1: float = doc(0.5, "uplink activity threshold on |f|^2")
+    th0: float = doc(0.01, "downlink threshold on |f_o|^2")
+    P_u: float = doc(1.0, "device average transmit power (W)")
+    P_d: float = doc(1.0, "edge transmit power (W)")
+    sigma_d2: float = doc(10.0, "mean downlink fading gain")
+    sigma_en2: float = doc(4e-15, "noise power per entry at the edge (W; paper unspecified, digest 10.14)")
+    sigma_dn2: float = doc(4e-15, "noise power per entry at the device (W)")
+    psi_mode: str = choice("corrected", ("paper", "corrected", "empirical"), "received-power term Psi (digest 10.2)")
+    fading: str = choice("complex", ("complex", "real"), "complex baseband Rayleigh, or real amplitude with a sign")
+    interferers: str = choice("explicit", ("explicit", "aggregate"),
+                              "interferer payloads: drawn, or the same Gaussian law through a factor of the gains")
+    interference: bool = doc(True, "false: every receiver hears only its own cluster")
+    noise: bool = doc(True, "false: no AWGN")
+
+    def ota_params(self) -> OtaParams:
+        return OtaParams(alpha=self.alpha, th1=self.th1, th0=self.th0, P_u=self.P_u, P_d=self.P_d,
+                         sigma_d2=self.sigma_d2, sigma_en2=self.sigma_en2, sigma_dn2=self.sigma_dn2,
+                         fading=self.fading, interference=self.interference, noise=self.noise,
+                         interferers=self.interferers)
+
+    @property
+    def lambda_p_per_m2(self) -> float:
+        return self.lambda_p * 1e-6
+
+
+@dataclass(frozen=True)
+class ClockSection:
+    bandwidth_hz: float = doc(1e6, "W (papers 000, 001, 003)")
+    device_power_dbm: float = doc(24.0, "digital uplink transmit power (paper 000 App. D)")
+    noise_dbm_per_hz: float = doc(-173.0, "N_0 (paper 000 App. D)")
+    beta0_db: float = doc(-30.0, "path loss at d0 (paper 000 App. D)")
+    pathloss_exponent: float = doc(3.75, "digital-link path-loss exponent (paper 000 App. D)")
+    d0: float = doc(1.0, "reference distance in metres (paper 000: not given, 1 m)")
+    device_distance: float = doc(50.0, "device-edge distance of digital links when no topology is drawn (m)")
+    fading: bool = doc(True, "redraw Rayleigh fading per digital message (paper 000)")
+    backhaul_rate_bps: float = doc(1e8, "edge <-> cloud rate (paper 000 App. D)")
+    edge_power_dbm: float = doc(38.0, "edge transmit power on the backhaul (paper 000 App. D)")
+    bits_per_param: int = doc(32, "bits per parameter of an unquantized message", min=1)
+    cycles_per_sample: float = doc(20.0 * 2.5e6 / 60, "CPU cycles per training sample: paper 003's c N_b / B "
+                                   "(20 cycles/bit x 2.5 Mbit per 60-sample step), so t_CM = 0.05 s at 1 GHz")
+    cpu_hz: float = doc(1e9, "mean device CPU frequency f (papers 001, 003)")
+    cpu_spread: float = doc(0.0, "devices' f uniform in [f (1 - spread), f (1 + spread)]", min=0.0, max=0.99)
+    kappa: float = doc(1e-28, "effective switched capacitance (J s^2 / cycle^3); not in the papers, a common value")
+    pace: bool = doc(False, "make wall-clock time follow emulated time")
+
+
+def _fail(key: str, message: str) -> None:
+    raise ConfigError(f"{key} {message}")
+
+
+def validate_channel(channel: ChannelSection, clock: ClockSection | None = None) -> None:
+    """Cross-field checks the per-key ranges cannot express; each error names its key."""
+    c = channel
+    if c.r0 >= c.R:
+        _fail("channel.r0", f"must be < channel.R = {c.R}, got {c.r0}")
+    if c.r0 <= 0:
+        _fail("channel.r0", f"must be > 0 (path loss dist^-alpha needs a protective zone), got {c.r0}")
+    for key in ("P_u", "P_d", "sigma_d2"):
+        if getattr(c, key) <= 0:
+            _fail(f"channel.{key}", f"must be > 0, got {getattr(c, key)}")
+    for key in ("sigma_en2", "sigma_dn2", "th0"):
+        if getattr(c, key) < 0:
+            _fail(f"channel.{key}", f"must be >= 0, got {getattr(c, key)}")
+    if c.th1 <= 0:
+        _fail("channel.th1", f"must be > 0 (rho uses E_1(th1), infinite at 0), got {c.th1}")
+    if c.model in ("ota", "orthogonal"):
+        if c.alpha <= 2:
+            _fail("channel.alpha", f"must be > 2 for model={c.model} (Psi and beta of paper 003 diverge), got {c.alpha}")
+        if c.lambda_p <= 0:
+            _fail("channel.lambda_p", f"must be > 0, got {c.lambda_p}")
+        if c.window_radius <= c.R + 2 * c.r0:
+            _fail("channel.window_radius", f"must exceed R + 2 r0 = {c.R + 2 * c.r0}, got {c.window_radius}")
+    elif c.alpha <= 0:
+        _fail("channel.alpha", f"must be > 0, got {c.alpha}")
+    if clock is None:
+        return
+    for key in ("bandwidth_hz", "backhaul_rate_bps", "cpu_hz", "d0", "device_distance", "pathloss_exponent"):
+        if getattr(clock, key) <= 0:
+            _fail(f"clock.{key}", f"must be > 0, got {getattr(clock, key)}")
+    for key in ("cycles_per_sample", "kappa"):
+        if getattr(clock, key) < 0:
+            _fail(f"clock.{key}", f"must be >= 0, got {getattr(clock, key)}")
+    if not 0 <= clock.cpu_spread < 1:
+        _fail("clock.cpu_spread", f"must be in [0, 1), got {clock.cpu_spread}")

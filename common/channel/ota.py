@@ -1,0 +1,379 @@
+"""Over-the-air superposition, interference, the received-power term Psi, the receive normalising factors
+and the estimators of MultiAirFed (paper 003, sec. III; digest 3.3-3.6 and 10).
+
+Signals are complex baseband per entry (one subcarrier per model entry). Payload rows are the normalised
+real vectors s_bar of eqs. 12-13. The medium functions are pure: every fading draw is recomputed from
+(seed, slot, link, tx, rx) and every payload-like random draw (interferers, noise) comes from `rng`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.special import exp1
+
+from .fading import rayleigh
+from .geometry import Topology
+from .power import active_mask, inversion_coefficient, inversion_rho
+
+PSI_MODES = ("paper", "corrected", "empirical")
+INTERFERER_MODES = ("explicit", "aggregate")
+
+
+@dataclass(frozen=True)
+class OtaParams:
+    """Defaults: paper 003, Table I (digest 8); noise powers are not given there, digest 10.14 suggests
+    ~4e-15 W (-174 dBm/Hz over 1 MHz)."""
+    alpha: float = 4.0
+    th1: float = 0.5
+    th0: float = 0.01
+    P_u: float = 1.0
+    P_d: float = 1.0
+    sigma_d2: float = 10.0
+    sigma_en2: float = 4e-15
+    sigma_dn2: float = 4e-15
+    fading: str = "complex"  # or "real" (digest 10.6)
+    interference: bool = True  # False: a receiver hears only its own cluster (its own edge on the downlink)
+    noise: bool = True
+    interferers: str = "explicit"  # non-collaborating clusters: draw their payloads, or "aggregate" (same law)
+    chunk: int = 4096  # columns per block when drawing interferer payloads (bounds memory)
+
+    def __post_init__(self):
+        for name in ("P_u", "P_d", "sigma_d2"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("sigma_en2", "sigma_dn2", "th0"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.th1 <= 0:
+            raise ValueError(f"th1 must be > 0, got {self.th1}")
+        if self.alpha <= 2:
+            raise ValueError(f"alpha must be > 2 (Psi and beta diverge otherwise), got {self.alpha}")
+        if self.interferers not in INTERFERER_MODES:
+            raise ValueError(f"interferers must be one of {', '.join(INTERFERER_MODES)}, got {self.interferers!r}")
+        if self.chunk < 1:
+            raise ValueError(f"chunk must be >= 1, got {self.chunk}")
+
+
+def rho_for(topology: Topology, params: OtaParams) -> float:
+    return inversion_rho(params.P_u, params.th1, params.alpha, topology.r0, topology.R)
+
+
+# ---------------------------------------------------------------- closed forms
+
+
+def psi_corrected(lambda_p: float, devices_per_cluster: int, P_u: float, alpha: float, r0: float,
+                  sigma_en2: float = 0.0) -> float:
+    """Psi = 2 pi lambda_p M P_u / ((alpha-2) r0^(alpha-2)) + sigma_en^2 (digest 3.4, the sound reading of
+    eq. 20: Campbell's theorem with interferers kept r0 from the reference server and without the
+    double-counted e^{-th1}). Per-entry power."""
+    if alpha <= 2:
+        raise ValueError(f"alpha must be > 2, got {alpha}")
+    return 2 * np.pi * lambda_p * devices_per_cluster * P_u / ((alpha - 2) * r0 ** (alpha - 2)) + sigma_en2
+
+
+def _excluded_plane_integral(y: np.ndarray, alpha: float, r0: float, n_phi: int) -> np.ndarray:
+    """For each |v| = y: integral of |x - v|^-alpha over {|x| >= 2 r0, |x - v| >= r0}.
+
+    Whole plane outside the r0-disk around v (closed form) minus the part inside |x| < 2 r0, done in polar
+    coordinates around v: for angle phi, |x| < 2 r0 holds for u in (u-, u+), u± = -y cos phi ± sqrt(4r0^2 - y^2 sin^2 phi).
+    """
+    phi = (np.arange(n_phi) + 0.5) * (2 * np.pi / n_phi)
+    yy, pp = y[:, None], phi[None, :]
+    disc = 4 * r0 ** 2 - (yy * np.sin(pp)) ** 2
+    root = np.sqrt(np.maximum(disc, 0.0))
+    lo = np.maximum(np.maximum(-yy * np.cos(pp) - root, r0), 0.0)
+    hi = -yy * np.cos(pp) + root
+    inside = (disc > 0) & (hi > lo)
+    lo_s, hi_s = np.where(inside, lo, 1.0), np.where(inside, hi, 1.0)
+    piece = np.where(inside, (lo_s ** (2 - alpha) - hi_s ** (2 - alpha)) / (alpha - 2), 0.0)
+    return 2 * np.pi * r0 ** (2 - alpha) / (alpha - 2) - piece.sum(axis=1) * (2 * np.pi / n_phi)
+
+
+def psi_paper(lambda_p: float, devices_per_cluster: int, rho: float, th1: float, alpha: float, r0: float,
+              R: float, sigma_en2: float = 0.0, n_y: int = 64, n_phi: int = 8192) -> float:
+    """Psi of paper 003, eq. 20, as printed (with its e^{-th1} factor), evaluated with the exclusion the
+    digest (10.2/10.3) adds to make it finite: interferers at least r0 from the reference server.
+
+    Psi = 2 M rho lambda_p E_1(th1) e^{-th1} / (R^2 - r0^2) * int_{r0}^{R} y^{alpha+1} I(y) dy + sigma_en^2,
+    where I(y) is the plane integral over server positions x, |x| >= 2 r0, of |x + y|^-alpha
+    (the printed triple integral rewritten: y (1 + x^2/y^2 - 2x/y cos)^(-alpha/2) = y^(alpha+1) / dist^alpha).
+    """
+    if alpha <= 2:
+        raise ValueError(f"alpha must be > 2, got {alpha}")
+    nodes, weights = np.polynomial.legendre.leggauss(n_y)
+    y = 0.5 * (R - r0) * nodes + 0.5 * (R + r0)
+    w = 0.5 * (R - r0) * weights
+    radial = np.sum(w * y ** (alpha + 1) * _excluded_plane_integral(y, alpha, r0, n_phi))
+    pref = 2 * devices_per_cluster * rho * lambda_p * exp1(th1) * np.exp(-th1) / (R ** 2 - r0 ** 2)
+    return float(pref * radial + sigma_en2)
+
+
+def psi_sample(received: np.ndarray, n_active, rho: float) -> np.ndarray:
+    """One empirical Psi observation per receiver: ||v_u||^2 / d - rho |A| (digest 10.2, `empirical`)."""
+    v = np.atleast_2d(received)
+    return np.mean(np.abs(v) ** 2, axis=1) - rho * np.asarray(n_active, dtype=np.float64)
+
+
+def running_mean(mean: float, count: int, samples) -> tuple[float, int]:
+    """Fold new samples into a running mean; returns (mean, count)."""
+    samples = np.atleast_1d(np.asarray(samples, dtype=np.float64))
+    total = count + samples.size
+    if total == 0:
+        return mean, 0
+    return float((mean * count + samples.sum()) / total), int(total)
+
+
+def psi(mode: str, lambda_p: float, devices_per_cluster: int, params: OtaParams, r0: float, R: float,
+        empirical: float | None = None) -> float:
+    """Psi by mode (digest 10.2). `empirical` needs the running mean measured so far; until one exists the
+    corrected closed form stands in (the caller labels which value it used)."""
+    rho = inversion_rho(params.P_u, params.th1, params.alpha, r0, R)
+    if mode == "paper":
+        return psi_paper(lambda_p, devices_per_cluster, rho, params.th1, params.alpha, r0, R, params.sigma_en2)
+    if mode == "corrected" or (mode == "empirical" and empirical is None):
+        return psi_corrected(lambda_p, devices_per_cluster, params.P_u, params.alpha, r0, params.sigma_en2)
+    if mode == "empirical":
+        return float(empirical)
+    raise ValueError(f"psi_mode must be one of {', '.join(PSI_MODES)}, got {mode!r}")
+
+
+def downlink_beta(lambda_p: float, sigma_d2: float, alpha: float, r0: float, sigma_dn2: float, P_d: float) -> float:
+    """beta = 2 pi lambda_p sigma_d^2 / ((alpha-2) r0^(alpha-2)) + sigma_dn^2 / P_d (paper 003, eq. 28)."""
+    if alpha <= 2:
+        raise ValueError(f"alpha must be > 2, got {alpha}")
+    if P_d <= 0:
+        raise ValueError(f"P_d must be > 0, got {P_d}")
+    return 2 * np.pi * lambda_p * sigma_d2 / ((alpha - 2) * r0 ** (alpha - 2)) + sigma_dn2 / P_d
+
+
+def edge_power(rho: float, n_active, psi_value: float, groups: int = 1):
+    """E = rho |A| + C Psi: the per-entry power an edge normalises by before its broadcast (paper 003,
+    eq. 19 intra-cluster with C = 1; sec. III-B with C clusters summed at the core)."""
+    return rho * np.asarray(n_active, dtype=np.float64) + groups * psi_value
+
+
+def downlink_gain(own_downlink_fading, own_distance, alpha: float):
+    """G_0 = |f_o|^2 ||y_0||^-alpha (digest notation)."""
+    return np.abs(np.asarray(own_downlink_fading)) ** 2 * np.asarray(own_distance, dtype=np.float64) ** -alpha
+
+
+def receive_factor(sigma_sum, n_active, beta: float, G0, psi_over_rho: float, groups: int = 1):
+    """MMSE receive normalising factor theta (paper 003, eq. 27 for groups=1, eq. 35 for the inter-cluster
+    step with C = groups): sum sigma / ((1 + beta/G0)(|A| + C Psi/rho)). It shrinks on purpose (digest 10.7)."""
+    n_active = np.asarray(n_active, dtype=np.float64)
+    if np.any(n_active < 1):
+        raise ValueError("n_active must be >= 1")
+    return np.asarray(sigma_sum) / ((1 + beta / np.asarray(G0)) * (n_active + groups * psi_over_rho))
+
+
+def downlink_passes(own_downlink_fading, th0: float):
+    """The th0 test on |f_o|^2 (digest 10.11): False means skip the update and drop out for the round."""
+    return np.abs(np.asarray(own_downlink_fading)) ** 2 >= th0
+
+
+def estimate(v_d: np.ndarray, theta, rho: float, P_d: float, E, n_active, own_downlink_fading,
+             own_distance, alpha: float, mu_mean) -> np.ndarray:
+    """g_hat (paper 003, eq. 21) or w_hat (eq. 30): Re(theta v_d / (sqrt(rho) sqrt(P_d/E) |A| f_o ||y0||^-a/2))
+    + mean of the active devices' mu. Rows of v_d are devices; scalars broadcast per row.
+
+    The real part is taken after dividing by f_o (digest 10.6: the paper is silent; the own-cluster
+    signal is real there, so this discards half of the interference and noise)."""
+    v = np.atleast_2d(v_d)
+    col = lambda a: np.asarray(a).reshape(-1, 1) if np.ndim(a) else a  # noqa: E731
+    scale = (np.sqrt(rho) * np.sqrt(P_d / col(E)) * col(n_active) * col(own_downlink_fading)
+             * col(np.asarray(own_distance, dtype=np.float64)) ** (-alpha / 2))
+    return np.real(col(theta) * v / scale) + col(mu_mean)
+
+
+# ---------------------------------------------------------------- superposition
+
+
+def superpose(gains: np.ndarray, payloads: np.ndarray) -> np.ndarray:
+    """Exact OTA superposition, one matmul: received[r] = sum_t gains[r, t] payloads[t]."""
+    gains = np.atleast_2d(gains)
+    payloads = np.atleast_2d(payloads)
+    if gains.shape[1] != payloads.shape[0]:
+        raise ValueError(f"gains have {gains.shape[1]} transmitters but payloads {payloads.shape[0]} rows")
+    if np.iscomplexobj(payloads):
+        return gains @ payloads
+    stacked = np.vstack([gains.real, gains.imag]) @ payloads  # two real matmuls in one, payloads stay real
+    n = gains.shape[0]
+    return stacked[:n] + 1j * stacked[n:]
+
+
+def awgn(shape, variance: float, rng: np.random.Generator) -> np.ndarray:
+    """Circular complex Gaussian noise CN(0, variance) per entry."""
+    if variance < 0:
+        raise ValueError(f"noise variance must be >= 0, got {variance}")
+    z = rng.standard_normal((2, *shape))
+    return np.sqrt(variance / 2) * (z[0] + 1j * z[1])
+
+
+def gaussian_superposition(gains: np.ndarray, d: int, rng: np.random.Generator, mode: str = "explicit",
+                           chunk: int = 4096) -> np.ndarray:
+    """gains @ Z for Z iid N(0, 1) [n_tx, d] (payloads of non-collaborating clusters, digest 10.8).
+
+    explicit: draw Z block by block. aggregate: draw the same law through a factor of the gain matrix,
+    [Re; Im] gains = R^T Q^T with Q orthonormal columns (QR), so gains @ Z ~ R^T W with W iid [2 n_rx, d]:
+    exact in distribution and cheaper when transmitters outnumber twice the receivers.
+    """
+    gains = np.atleast_2d(gains)
+    n_rx, n_tx = gains.shape
+    if n_tx == 0:
+        return np.zeros((n_rx, d), dtype=np.complex128)
+    if mode == "aggregate" and n_tx > 2 * n_rx:
+        stacked = np.vstack([gains.real, gains.imag])  # [2 n_rx, n_tx]
+        _, r = np.linalg.qr(stacked.T)  # stacked = r.T @ q.T
+        out = r.T @ rng.standard_normal((r.shape[0], d))
+        return out[:n_rx] + 1j * out[n_rx:]
+    if mode not in INTERFERER_MODES:
+        raise ValueError(f"mode must be one of {', '.join(INTERFERER_MODES)}, got {mode!r}")
+    stacked = np.vstack([gains.real, gains.imag]).astype(np.float32)
+    out = np.empty((2 * n_rx, d), dtype=np.float64)
+    for start in range(0, d, chunk):
+        stop = min(d, start + chunk)
+        out[:, start:stop] = stacked @ rng.standard_normal((n_tx, stop - start), dtype=np.float32)
+    return out[:n_rx] + 1j * out[n_rx:]
+
+
+# ---------------------------------------------------------------- the medium
+
+
+def own_uplink_fading(topology: Topology, slot: int, seed: int, devices, params: OtaParams) -> np.ndarray:
+    """f_{y->x} of each device towards its own edge: what a device uses for its power control."""
+    devices = np.asarray(devices, dtype=np.int64)
+    return rayleigh(seed, slot, devices, topology.device_edge[devices], "up", 1.0, params.fading)
+
+
+def own_downlink_fading(topology: Topology, slot: int, seed: int, devices, params: OtaParams) -> np.ndarray:
+    """f_o of each device from its own edge, |f_o|^2 with mean sigma_d^2."""
+    devices = np.asarray(devices, dtype=np.int64)
+    return rayleigh(seed, slot, topology.device_edge[devices], devices, "down", params.sigma_d2, params.fading)
+
+
+def slot_activity(topology: Topology, slot: int, seed: int, params: OtaParams) -> np.ndarray:
+    """Active mask over every device of the plane for an uplink slot (eq. 15 test + empty-set fallback)."""
+    every = np.arange(topology.n_devices)
+    return active_mask(own_uplink_fading(topology, slot, seed, every, params), topology.device_edge, params.th1)
+
+
+def uplink_gains(topology: Topology, slot: int, seed: int, tx_devices, rx_edges, params: OtaParams,
+                 rho: float) -> np.ndarray:
+    """[n_rx, n_tx] complex gains p_y ||x+y-z||^-a/2 f_{y->z} (paper 003, eq. 14) of active transmitters.
+    Towards its own edge an active device's gain is exactly sqrt(rho) (inversion), set so without round-off."""
+    tx = np.asarray(tx_devices, dtype=np.int64)
+    rx = np.asarray(rx_edges, dtype=np.int64)
+    own = topology.device_edge[tx]
+    active = np.ones(tx.shape, dtype=bool)
+    own_dist = np.linalg.norm(topology.offsets[tx], axis=1)
+    p = inversion_coefficient(own_uplink_fading(topology, slot, seed, tx, params), own_dist, rho, params.alpha, active)
+    dist = topology.distances(topology.devices[tx], topology.edges[rx])
+    f = rayleigh(seed, slot, tx[None, :], rx[:, None], "up", 1.0, params.fading)
+    gains = p[None, :] * dist ** (-params.alpha / 2) * f
+    is_own = own[None, :] == rx[:, None]
+    return np.where(is_own, np.sqrt(rho), gains).astype(np.complex128)
+
+
+@dataclass(frozen=True)
+class Reception:
+    received: np.ndarray  # [n_rx, d] complex
+    receivers: np.ndarray  # edge (uplink) or device (downlink) indices
+    n_active: np.ndarray  # uplink: |A_z| of each receiving edge's own cluster; downlink: empty
+    signal_power: np.ndarray  # per-entry power of the own-cluster (own-edge) part
+    interference_power: np.ndarray  # per-entry power of everything else except noise
+    interferers_active: int  # transmitting devices / edges of non-collaborating clusters
+
+
+def medium_slot(payloads: np.ndarray, tx_devices, topology: Topology, slot: int, seed: int, params: OtaParams,
+                rng: np.random.Generator, receivers=None) -> Reception:
+    """One OTA uplink slot (paper 003, eq. 14): every receiving edge gets the exact superposition of every
+    transmitting device in the plane, plus the non-collaborating clusters' iid N(0,1) payloads under the
+    same power control (digest 10.8), plus CN(0, sigma_en^2) noise.
+
+    payloads: [n_tx, d] normalised rows of the transmitting collaborating devices `tx_devices`, which must
+    be exactly the active devices of their clusters (a missing active device would bias the estimator).
+    receivers: edges to compute (default: the C collaborating edges).
+    """
+    payloads = np.atleast_2d(np.asarray(payloads))
+    tx = np.asarray(tx_devices, dtype=np.int64).reshape(-1)
+    if payloads.shape[0] != tx.size:
+        raise ValueError(f"payloads has {payloads.shape[0]} rows for {tx.size} tx_devices")
+    if tx.size and (tx.min() < 0 or tx.max() >= topology.n_devices):
+        raise ValueError(f"tx_devices must lie in [0, {topology.n_devices})")
+    if len(np.unique(tx)) != tx.size:
+        raise ValueError("tx_devices must not repeat")
+    if np.any(topology.device_edge[tx] >= topology.collaborating):
+        raise ValueError("tx_devices must belong to collaborating clusters (interferers are simulated here)")
+    active = slot_activity(topology, slot, seed, params)
+    if not np.all(active[tx]):
+        raise ValueError(f"devices {tx[~active[tx]].tolist()} are not active in slot {slot}")
+    rx = np.arange(topology.collaborating) if receivers is None else np.asarray(receivers, dtype=np.int64)
+    n_active = np.bincount(topology.device_edge[active], minlength=topology.n_edges)[rx]
+    d = payloads.shape[1]
+    rho = rho_for(topology, params)
+
+    gains = uplink_gains(topology, slot, seed, tx, rx, params, rho)
+    is_own = topology.device_edge[tx][None, :] == rx[:, None]
+    if not params.interference:
+        gains = np.where(is_own, gains, 0.0)
+    received = superpose(gains, payloads)
+    signal = superpose(np.where(is_own, gains, 0.0), payloads)
+
+    interferers = np.flatnonzero(active & (topology.device_edge >= topology.collaborating))
+    if params.interference and interferers.size:
+        gi = uplink_gains(topology, slot, seed, interferers, rx, params, rho)
+        received += gaussian_superposition(gi, d, rng, params.interferers, params.chunk)
+    interference_power = np.mean(np.abs(received - signal) ** 2, axis=1)
+    if params.noise and params.sigma_en2 > 0:
+        received += awgn(received.shape, params.sigma_en2, rng)
+    return Reception(received, rx, n_active, np.mean(np.abs(signal) ** 2, axis=1), interference_power,
+                     int(interferers.size if params.interference else 0))
+
+
+def medium_broadcast(edge_signals: np.ndarray, tx_edges, rx_devices, topology: Topology, slot: int, seed: int,
+                     params: OtaParams, rng: np.random.Generator) -> Reception:
+    """One simultaneous downlink slot (paper 003, eq. 18 / sec. III-B): each listed device receives
+    sum_x ||x - pos||^-a/2 f_x s_x + n_d over every transmitting edge.
+
+    edge_signals: [n_tx_edges, d] what each edge in `tx_edges` transmits, already scaled by sqrt(P_d/E).
+    Every edge not in `tx_edges` belongs to another task and transmits at the same time: its signal is
+    modelled as sqrt(P_d) times iid N(0,1) entries (its own power-normalised sum, independent of ours).
+    """
+    signals = np.atleast_2d(np.asarray(edge_signals))
+    tx = np.asarray(tx_edges, dtype=np.int64).reshape(-1)
+    rx = np.asarray(rx_devices, dtype=np.int64).reshape(-1)
+    if signals.shape[0] != tx.size:
+        raise ValueError(f"edge_signals has {signals.shape[0]} rows for {tx.size} tx_edges")
+    if len(np.unique(tx)) != tx.size or (tx.size and (tx.min() < 0 or tx.max() >= topology.n_edges)):
+        raise ValueError(f"tx_edges must be distinct edges in [0, {topology.n_edges})")
+    if rx.size and (rx.min() < 0 or rx.max() >= topology.n_devices):
+        raise ValueError(f"rx_devices must lie in [0, {topology.n_devices})")
+    d = signals.shape[1]
+    pos = topology.devices[rx]
+
+    def gains_from(edges):
+        dist = topology.distances(topology.edges[edges], pos)
+        f = rayleigh(seed, slot, edges[None, :], rx[:, None], "down", params.sigma_d2, params.fading)
+        return dist ** (-params.alpha / 2) * f
+
+    g = gains_from(tx)
+    is_own = topology.device_edge[rx][:, None] == tx[None, :]
+    if not params.interference:
+        g = np.where(is_own, g, 0.0)
+    received = superpose(g, signals)
+    signal = superpose(np.where(is_own, g, 0.0), signals)
+    others = np.setdiff1d(np.arange(topology.n_edges), tx)
+    if params.interference and others.size:
+        received += np.sqrt(params.P_d) * gaussian_superposition(gains_from(others), d, rng, params.interferers,
+                                                                 params.chunk)
+    interference_power = np.mean(np.abs(received - signal) ** 2, axis=1)
+    if params.noise and params.sigma_dn2 > 0:
+        received += awgn(received.shape, params.sigma_dn2, rng)
+    return Reception(received, rx, np.zeros(0, dtype=np.int64), np.mean(np.abs(signal) ** 2, axis=1),
+                     interference_power, int(others.size if params.interference else 0))
+
+
+def edge_transmit(received: np.ndarray, P_d: float, E) -> np.ndarray:
+    """What an edge broadcasts: sqrt(P_d / E) v_u (paper 003, sec. III-A step 5; E shared with devices, digest 10.2)."""
+    return np.sqrt(P_d / np.asarray(E, dtype=np.float64)).reshape(-1, 1) * np.atleast_2d(received)

@@ -63,12 +63,13 @@ def _check_common(epsilon: float, delta: float, mode: str) -> None:
 
 
 def calibrate_multiplier(epsilon: float, delta: float, releases: int, sampling_rate: float = 1.0,
-                         mechanism: str = "gaussian", accountant: str = "rdp", tol: float = 1e-7) -> float:
+                         mechanism: str = "gaussian", accountant: str = "rdp", tol: float = 1e-5) -> float:
     """Smallest noise multiplier z for which `releases` compositions of the (subsampled) mechanism meet
     (epsilon, delta), found by dp_accounting.calibrate_dp_mechanism (Brent's method over the accountant).
 
-    `tol` is relative to z. The result is checked against the accountant and nudged up if the search
-    stopped a hair on the wrong side, so the planned run never exceeds epsilon.
+    `tol` is the search tolerance on z (absolute; on the per-release z for unsampled Gaussians). The
+    result is checked against the accountant and nudged up if the search stopped a hair on the wrong
+    side, so the planned run never exceeds epsilon.
     """
     _check_common(epsilon, delta, "sound")
     if int(releases) != releases or releases < 1:
@@ -88,7 +89,7 @@ def calibrate_multiplier(epsilon: float, delta: float, releases: int, sampling_r
                                              tol=tol) * scale
     spent = lambda z_: epsilon_of_releases([(mechanism, z_, sampling_rate, releases)], delta, accountant)
     while spent(z) > epsilon:
-        z *= 1.0 + tol
+        z += tol * scale
     return float(z)
 
 

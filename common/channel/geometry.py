@@ -92,6 +92,8 @@ def draw_edges(lambda_p: float, window_radius: float, r0: float, rng: np.random.
         raise ValueError(f"lambda_p must be > 0, got {lambda_p}")
     if window_radius <= 2 * r0:
         raise ValueError(f"window_radius must exceed 2 r0 = {2 * r0}, got {window_radius}")
+    if lambda_p * np.pi * r0 ** 2 > 0.5:  # random sequential packing of r0-disks jams at ~0.547 coverage
+        raise ValueError(f"lambda_p={lambda_p} is too dense for servers 2 r0 = {2 * r0} m apart")
     n = rng.poisson(lambda_p * np.pi * window_radius ** 2)
     pts = np.vstack([np.zeros((1, 2)), _uniform_disk(n, window_radius, rng)])
     for _ in range(_MAX_RESAMPLES):

@@ -78,17 +78,41 @@ class Phase(_message.Message):
     params: _containers.ScalarMap[str, float]
     def __init__(self, kind: _Optional[str] = ..., params: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
+class ClusterPlan(_message.Message):
+    __slots__ = ("params", "participants")
+    class ParamsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    PARTICIPANTS_FIELD_NUMBER: _ClassVar[int]
+    params: _containers.ScalarMap[str, float]
+    participants: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, params: _Optional[_Mapping[str, float]] = ..., participants: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class RoundTask(_message.Message):
-    __slots__ = ("round", "phases", "finished", "attempt")
+    __slots__ = ("round", "phases", "finished", "attempt", "clusters")
+    class ClustersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: ClusterPlan
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[ClusterPlan, _Mapping]] = ...) -> None: ...
     ROUND_FIELD_NUMBER: _ClassVar[int]
     PHASES_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    CLUSTERS_FIELD_NUMBER: _ClassVar[int]
     round: int
     phases: _containers.RepeatedCompositeFieldContainer[Phase]
     finished: bool
     attempt: int
-    def __init__(self, round: _Optional[int] = ..., phases: _Optional[_Iterable[_Union[Phase, _Mapping]]] = ..., finished: _Optional[bool] = ..., attempt: _Optional[int] = ...) -> None: ...
+    clusters: _containers.MessageMap[str, ClusterPlan]
+    def __init__(self, round: _Optional[int] = ..., phases: _Optional[_Iterable[_Union[Phase, _Mapping]]] = ..., finished: bool = ..., attempt: _Optional[int] = ..., clusters: _Optional[_Mapping[str, ClusterPlan]] = ...) -> None: ...
 
 class Envelope(_message.Message):
     __slots__ = ("meta", "tensors", "scalars", "task")
@@ -116,16 +140,18 @@ class Chunk(_message.Message):
     def __init__(self, data: _Optional[bytes] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("run_id", "node_id", "num_samples", "rejoin")
+    __slots__ = ("run_id", "node_id", "num_samples", "rejoin", "trust")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     REJOIN_FIELD_NUMBER: _ClassVar[int]
+    TRUST_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     node_id: str
     num_samples: int
     rejoin: bool
-    def __init__(self, run_id: _Optional[str] = ..., node_id: _Optional[str] = ..., num_samples: _Optional[int] = ..., rejoin: _Optional[bool] = ...) -> None: ...
+    trust: str
+    def __init__(self, run_id: _Optional[str] = ..., node_id: _Optional[str] = ..., num_samples: _Optional[int] = ..., rejoin: bool = ..., trust: _Optional[str] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
     __slots__ = ("run_id", "spec_json", "cluster_id", "members", "session_token", "round")
@@ -175,4 +201,4 @@ class Ack(_message.Message):
     DETAIL_FIELD_NUMBER: _ClassVar[int]
     accepted: bool
     detail: str
-    def __init__(self, accepted: _Optional[bool] = ..., detail: _Optional[str] = ...) -> None: ...
+    def __init__(self, accepted: bool = ..., detail: _Optional[str] = ...) -> None: ...

@@ -5,7 +5,7 @@ import warnings
 
 from hfl.proto import hfl_v1_pb2 as hfl_dot_proto_dot_hfl__v1__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.78.0'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -25,7 +25,7 @@ if _version_not_supported:
     )
 
 
-class EdgeServiceStub:
+class EdgeServiceStub(object):
     """Served by each edge server to its devices.
     """
 
@@ -57,7 +57,7 @@ class EdgeServiceStub:
                 _registered_method=True)
 
 
-class EdgeServiceServicer:
+class EdgeServiceServicer(object):
     """Served by each edge server to its devices.
     """
 
@@ -118,7 +118,7 @@ def add_EdgeServiceServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class EdgeService:
+class EdgeService(object):
     """Served by each edge server to its devices.
     """
 
@@ -231,7 +231,7 @@ class EdgeService:
             _registered_method=True)
 
 
-class CloudServiceStub:
+class CloudServiceStub(object):
     """Served by the cloud server to the edges.
     """
 
@@ -263,7 +263,7 @@ class CloudServiceStub:
                 _registered_method=True)
 
 
-class CloudServiceServicer:
+class CloudServiceServicer(object):
     """Served by the cloud server to the edges.
     """
 
@@ -322,7 +322,7 @@ def add_CloudServiceServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class CloudService:
+class CloudService(object):
     """Served by the cloud server to the edges.
     """
 

@@ -247,6 +247,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=3.0)
     _add_tls_args(p)
     p.set_defaults(func=cmd_health)
+
+    from hfl.attack_cli import add_parser as add_attack_parser
+
+    add_attack_parser(sub)
     return parser
 
 

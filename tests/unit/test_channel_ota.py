@@ -1,0 +1,196 @@
+"""OTA medium and MultiAirFed receive maths (paper 003, eqs. 14, 18-30, 35; digest 3.3-3.6, 10)."""
+import dataclasses
+
+import numpy as np
+import pytest
+
+from hfl.common.channel import ota
+from hfl.common.channel.fading import rayleigh
+from hfl.common.channel.geometry import matern_cluster
+from hfl.common.channel.ota import OtaParams
+from hfl.common.channel.power import inversion_rho, normalise
+
+SEED, SLOT = 17, 5
+QUIET = OtaParams(interference=False, noise=False)
+
+
+def _topology(seed=0, interferer_devices=15, C=3):
+    return matern_cluster(20e-6, 15, 4.0, 30.0, 1000.0, C, np.random.default_rng(seed), interferer_devices)
+
+
+def _active_tx(top, slot, params=OtaParams()):
+    active = ota.slot_activity(top, slot, SEED, params)
+    return np.flatnonzero(active & (top.device_edge < top.collaborating))
+
+
+def test_uplink_superposition_equals_a_direct_sum_over_transmitters():
+    top = _topology(interferer_devices=0)  # other edges exist but have no devices: nothing random is added
+    params = OtaParams(noise=False)
+    tx = _active_tx(top, SLOT, params)
+    payloads = np.random.default_rng(1).normal(size=(tx.size, 64))
+    rec = ota.medium_slot(payloads, tx, top, SLOT, SEED, params, np.random.default_rng(2))
+    rho = inversion_rho(1.0, 0.5, 4.0, 4.0, 30.0)
+    for z_i, z in enumerate(rec.receivers):
+        direct = np.zeros(64, dtype=complex)
+        for t_i, t in enumerate(tx):  # eq. 14 term by term
+            own = top.device_edge[t]
+            f_own = rayleigh(SEED, SLOT, t, own)
+            p = np.sqrt(rho) / (np.linalg.norm(top.devices[t] - top.edges[own]) ** -2.0 * f_own)
+            dist = np.linalg.norm(top.devices[t] - top.edges[z])
+            direct += p * dist ** -2.0 * rayleigh(SEED, SLOT, t, z) * payloads[t_i]
+        assert np.allclose(rec.received[z_i], direct, rtol=1e-9, atol=1e-12 * np.abs(direct).max())
+        own_sum = np.sqrt(rho) * payloads[top.device_edge[tx] == z].sum(axis=0)
+        quiet = ota.medium_slot(payloads, tx, top, SLOT, SEED, QUIET, np.random.default_rng(2))
+        assert np.allclose(quiet.received[z_i], own_sum, rtol=1e-12)  # inversion: own cluster arrives real
+        assert not np.allclose(rec.received[z_i], own_sum)  # control: the other clusters do interfere
+    assert np.array_equal(rec.n_active, np.bincount(top.device_edge[tx], minlength=3)[:3])
+
+
+def test_downlink_superposition_equals_a_direct_sum_over_edges():
+    top = _topology()
+    params = OtaParams(noise=False)
+    every_edge = np.arange(top.n_edges)  # all edges scheduled: no simulated other-task edges
+    signals = np.random.default_rng(3).normal(size=(top.n_edges, 16)) * (1 + 0.5j)
+    devices = np.array([0, 7, 20, 44])
+    rec = ota.medium_broadcast(signals, every_edge, devices, top, SLOT, SEED, params, np.random.default_rng(4))
+    for k, dev in enumerate(devices):
+        dist = np.linalg.norm(top.edges - top.devices[dev], axis=1)
+        f = rayleigh(SEED, SLOT, every_edge, dev, "down", 10.0)
+        direct = np.sum((dist ** -2.0 * f)[:, None] * signals, axis=0)
+        assert np.allclose(rec.received[k], direct, rtol=1e-9)
+
+
+@pytest.mark.parametrize("equal_sigma", [True, False])
+def test_eq_21_reproduces_eq_6_without_interference_and_noise(equal_sigma):
+    top = _topology()
+    tx = _active_tx(top, SLOT)
+    rng = np.random.default_rng(5)
+    d = 200
+    z = normalise(rng.normal(size=(tx.size, d)))[0]
+    sigma_true = np.full(tx.size, 0.3) if equal_sigma else rng.uniform(0.1, 2.0, tx.size)
+    g = z * sigma_true[:, None] + rng.normal(size=tx.size)[:, None]  # eq. 6 inputs, per-device mu and sigma
+    bar, mu, sigma = normalise(g)
+    rec = ota.medium_slot(bar, tx, top, SLOT, SEED, QUIET, rng)
+    rho = inversion_rho(1.0, 0.5, 4.0, 4.0, 30.0)
+    psi = ota.psi_corrected(20e-6, 15, 1.0, 4.0, 4.0)
+    E = ota.edge_power(rho, rec.n_active, psi)
+    down = ota.medium_broadcast(ota.edge_transmit(rec.received, 1.0, E), rec.receivers, top.collaborating_devices,
+                                top, SLOT, SEED, QUIET, rng)
+    devs = top.collaborating_devices
+    own = top.device_edge[devs]
+    cluster_of_tx = top.device_edge[tx]
+    mean_g = np.stack([g[cluster_of_tx == x].mean(axis=0) for x in range(3)])  # eq. 6 per edge
+    mu_mean = np.array([mu[cluster_of_tx == x].mean() for x in range(3)])
+    theta = (np.array([sigma[cluster_of_tx == x].mean() for x in range(3)]) if not equal_sigma
+             else np.full(3, 0.3))  # equal sigma: theta is the true per-device sigma
+    g_hat = ota.estimate(down.received, theta[own], rho, 1.0, E[own], rec.n_active[own],
+                         ota.own_downlink_fading(top, SLOT, SEED, devs, QUIET),
+                         np.linalg.norm(top.offsets[devs], axis=1), 4.0, mu_mean[own])
+    if equal_sigma:
+        assert np.allclose(g_hat, mean_g[own], rtol=1e-9, atol=1e-9)
+    else:  # the eq. 22 decomposition: g_hat - eq. 6 = sum_y (theta - sigma_y) g_bar_y / |A_o|
+        err = np.stack([((theta[x] - sigma[cluster_of_tx == x])[:, None] * bar[cluster_of_tx == x]).sum(axis=0)
+                        / rec.n_active[x] for x in range(3)])
+        assert np.allclose(g_hat - mean_g[own], err[own], atol=1e-9)
+        assert not np.allclose(g_hat, mean_g[own], atol=1e-3)  # control: unequal sigma does leave an error
+
+
+def test_interference_switch_matters_and_noise_has_its_power():
+    top = _topology()
+    tx = _active_tx(top, SLOT)
+    bar = normalise(np.random.default_rng(6).normal(size=(tx.size, 4000)))[0]
+    quiet = ota.medium_slot(bar, tx, top, SLOT, SEED, QUIET, np.random.default_rng(7))
+    loud = ota.medium_slot(bar, tx, top, SLOT, SEED, OtaParams(sigma_en2=1e-4), np.random.default_rng(7))
+    assert np.all(quiet.interference_power < 1e-20) and np.all(loud.interference_power > 0)
+    assert loud.interferers_active > 0
+    noise = loud.received - quiet.received
+    noise_only = ota.medium_slot(bar, tx, top, SLOT, SEED, dataclasses.replace(QUIET, noise=True, sigma_en2=1e-4),
+                                 np.random.default_rng(7)).received - quiet.received
+    # CN(0, 1e-4) per entry over 4000 entries: sample power within 5 SE (SE = 1e-4 / sqrt(4000))
+    assert np.all(np.abs(np.mean(np.abs(noise_only) ** 2, axis=1) - 1e-4) < 5 * 1e-4 / np.sqrt(4000))
+    assert np.all(np.mean(np.abs(noise) ** 2, axis=1) > np.mean(np.abs(noise_only) ** 2, axis=1) * 0.5)
+
+
+@pytest.mark.parametrize("mode", ["explicit", "aggregate"])
+def test_interferer_payload_modes_have_the_gaussian_law_of_the_gains(mode):
+    top = _topology()
+    params = OtaParams(noise=False, interferers=mode)
+    rho = inversion_rho(1.0, 0.5, 4.0, 4.0, 30.0)
+    active = ota.slot_activity(top, SLOT, SEED, params)
+    interferers = np.flatnonzero(active & (top.device_edge >= 3))
+    gains = ota.uplink_gains(top, SLOT, SEED, interferers, np.arange(3), params, rho)
+    d = 20000
+    v = ota.gaussian_superposition(gains, d, np.random.default_rng(8), mode)
+    stacked_v = np.vstack([v.real, v.imag])
+    k = np.vstack([gains.real, gains.imag])
+    expected, measured = k @ k.T, stacked_v @ stacked_v.T / d
+    scale = np.sqrt(np.outer(np.diag(expected), np.diag(expected)))
+    # each normalised second moment of d iid Gaussian columns has SE <= sqrt(2/d) = 0.01; 5 SE
+    assert np.all(np.abs(measured - expected) / scale < 5 * np.sqrt(2 / d))
+
+
+def test_psi_closed_forms_on_the_defaults():
+    rho = inversion_rho(1.0, 0.5, 4.0, 4.0, 30.0)
+    assert ota.psi_corrected(20e-6, 15, 1.0, 4.0, 4.0) / rho == pytest.approx(9.06, abs=0.01)  # digest 3.4
+    paper = ota.psi_paper(20e-6, 15, rho, 0.5, 4.0, 4.0, 30.0)
+    assert paper / rho == pytest.approx(5.5, abs=0.1)  # digest 3.4: "about 5.5 rho"
+    finer = ota.psi_paper(20e-6, 15, rho, 0.5, 4.0, 4.0, 30.0, n_y=128, n_phi=32768)
+    assert finer == pytest.approx(paper, rel=1e-3)  # the quadrature has converged
+    p = OtaParams()
+    assert ota.psi("corrected", 20e-6, 15, p, 4.0, 30.0) == ota.psi("empirical", 20e-6, 15, p, 4.0, 30.0)
+    assert ota.psi("empirical", 20e-6, 15, p, 4.0, 30.0, empirical=3e-5) == 3e-5
+    with pytest.raises(ValueError, match="psi_mode"):
+        ota.psi("guess", 20e-6, 15, p, 4.0, 30.0)
+
+
+def test_excluded_plane_integral_against_monte_carlo():
+    # I(y) = E[1(|v + u e^{i phi}| >= 2 r0)] * 2 pi r0^(2-a)/(a-2) with u Pareto(a-2) from r0, phi uniform
+    rng = np.random.default_rng(9)
+    n, r0, a = 400_000, 4.0, 4.0
+    u = r0 * rng.random(n) ** (-1 / (a - 2))
+    phi = 2 * np.pi * rng.random(n)
+    for y in (4.0, 10.0, 30.0):
+        keep = np.abs(y + u * np.exp(1j * phi)) >= 2 * r0
+        mc = keep.mean() * 2 * np.pi * r0 ** (2 - a) / (a - 2)
+        se = np.sqrt(keep.mean() * (1 - keep.mean()) / n) * 2 * np.pi * r0 ** (2 - a) / (a - 2)
+        quad = ota._excluded_plane_integral(np.array([y]), a, r0, 8192)[0]
+        assert abs(quad - mc) < 5 * se + 1e-6 * mc
+
+
+def test_beta_and_theta_on_the_digest_example():
+    beta = ota.downlink_beta(20e-6, 10.0, 4.0, 4.0, 0.0, 1.0)
+    assert beta == pytest.approx(3.93e-5, rel=2e-3)  # digest 3.5
+    G0 = ota.downlink_gain(np.sqrt(10.0), 20.0, 4.0)
+    assert beta / G0 == pytest.approx(0.63, abs=0.01)
+    psi_over_rho = 9.06
+    theta = ota.receive_factor(9.1 * 1.0, 9.1, beta, G0, psi_over_rho)  # sigma_bar = 1, |A_o| = 9.1
+    assert theta == pytest.approx(9.1 / (1.628 * 18.16), rel=2e-3)  # ~ sigma_bar / 3.2
+    inter = ota.receive_factor(27.3, 27.3, beta, G0, psi_over_rho, groups=3)  # eq. 35: |A| + C Psi/rho
+    assert inter == pytest.approx(27.3 / ((1 + beta / G0) * (27.3 + 3 * 9.06)))
+    assert ota.edge_power(2.0, 3, 5.0, groups=2) == 16.0
+    assert list(ota.downlink_passes(np.sqrt([0.005, 0.02]), 0.01)) == [False, True]
+
+
+def test_empirical_psi_sample_and_running_mean():
+    v = np.array([[np.sqrt(5.0)] * 10, [1j] * 10])
+    assert np.allclose(ota.psi_sample(v, [2, 1], 1.0), [3.0, 0.0])
+    mean, count = ota.running_mean(0.0, 0, [1.0, 3.0])
+    assert (mean, count) == (2.0, 2)
+    assert ota.running_mean(mean, count, 5.0) == (3.0, 3)
+
+
+def test_medium_refuses_bad_emissions():
+    top = _topology()
+    tx = _active_tx(top, SLOT)
+    inactive = np.setdiff1d(top.collaborating_devices, tx)
+    rng = np.random.default_rng(0)
+    with pytest.raises(ValueError, match="not active"):
+        ota.medium_slot(np.zeros((1, 4)), inactive[:1], top, SLOT, SEED, QUIET, rng)
+    with pytest.raises(ValueError, match="rows"):
+        ota.medium_slot(np.zeros((2, 4)), tx[:1], top, SLOT, SEED, QUIET, rng)
+    with pytest.raises(ValueError, match="collaborating"):
+        ota.medium_slot(np.zeros((1, 4)), top.interferer_devices[:1], top, SLOT, SEED, QUIET, rng)
+    with pytest.raises(ValueError, match="alpha"):
+        OtaParams(alpha=2.0)
+    with pytest.raises(ValueError, match="P_u"):
+        OtaParams(P_u=-1.0)

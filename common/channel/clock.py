@@ -50,7 +50,7 @@ def digital_air_time(bits, bandwidth_hz: float, snr_linear) -> np.ndarray:
     if np.any(bits < 0):
         raise ValueError("bits must be >= 0")
     rate = shannon_rate(bandwidth_hz, snr_linear)
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(bits == 0, 0.0, bits / rate)
 
 

@@ -210,3 +210,17 @@ def random_feasible_pair(deadline: float, t_cp: float, t_de: float, t_ec: float,
                          f"{float(round_latency(1, 1, t_cp, t_de, t_ec, uploads)):.6g} s, got {deadline!r}")
     i = int(rng.integers(tau.size))
     return int(tau[i]), int(gamma[i])
+
+
+def format_choice(choice: TauGammaChoice, closed: ClosedFormChoice | None = None, limit: int = 40) -> str:
+    """Human-readable choice and cost curve (for `hfl plan`); at most `limit` curve rows, evenly spaced."""
+    lines = [f"chosen tau={choice.tau} gamma={choice.gamma} Phi={choice.phi:.6g} T_di={choice.latency:.6g} s "
+             f"(deadline {choice.deadline:.6g} s, uploads={choice.uploads}, {choice.method})"]
+    if closed is not None:
+        lines.append(f"closed form (paper): tau={closed.tau:.4g} gamma={closed.gamma:.4g} J={closed.j:.6g} "
+                     f"roots={[round(r, 4) for r in closed.roots]} feasible={closed.feasible}")
+    rows = np.unique(np.linspace(0, choice.curve_tau.size - 1, min(limit, choice.curve_tau.size)).astype(int))
+    lines.append(f"{'tau':>6} {'gamma':>7} {'Phi':>12} {'T_di (s)':>10}")
+    lines += [f"{choice.curve_tau[i]:>6} {choice.curve_gamma[i]:>7} {choice.curve_phi[i]:>12.6g} "
+              f"{choice.curve_latency[i]:>10.4g}" for i in rows]
+    return "\n".join(lines)

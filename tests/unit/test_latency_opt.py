@@ -186,3 +186,11 @@ def test_qsgd_bound_and_exact_error():
         return
     # The codec rounds its norm to float32 (relative 6e-8), hence 1e-6 rather than float64 round-off.
     assert qsgd_expected_relative_error(x, 4) == pytest.approx(exact, rel=1e-6)
+
+
+def test_format_choice_lists_the_choice_and_curve():
+    choice = lo.choose_tau_gamma(**PAPER, num_edges=3, num_devices=60, q1=11.9)
+    text = lo.format_choice(choice, lo.closed_form_tau_gamma(**PAPER, num_edges=3, num_devices=60, q1=11.9), limit=5)
+    assert text.startswith("chosen tau=36 gamma=") and "feasible=False" in text
+    assert len(text.splitlines()) == 3 + 5
+    assert choice.as_dict()["curve"][-1]["tau"] == 36

@@ -1,6 +1,7 @@
 """`hfl`: one entry point for the whole emulator.
 
     hfl run [CONFIG] [--set section.key=value ...] [--out DIR]   everything on 127.0.0.1, live progress
+    hfl sweep SPEC.toml [--out DIR] [--jobs N] [--dry-run]        a grid of runs over seeds, table and plots
     hfl cloud | edge | devices ...                                one role (containers, real machines)
     hfl config [CONFIG] [--set ...] [--reference]                 print the resolved config or the key reference
     hfl health ADDRESS                                            probe a server's gRPC health service
@@ -159,6 +160,12 @@ def cmd_run(args) -> int:
         return 2
 
 
+def cmd_sweep(args) -> int:
+    from hfl.sweep import run_sweep
+
+    return run_sweep(args.spec, args.out, jobs=args.jobs, dry_run=args.dry_run, quiet=args.quiet)
+
+
 def _add_tls_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("mutual TLS (all three or none)")
     g.add_argument("--ca", help="CA certificate (PEM) that signs every node")
@@ -183,6 +190,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="exit 0 even if an edge or device host died (fault-injection experiments); deaths are still "
                         "recorded in summary.json")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("sweep", help="run a grid of experiments (variants x grid x seeds) and tabulate them")
+    p.add_argument("spec", help="sweep spec (TOML; see deploy/experiments/smoke.toml)")
+    p.add_argument("--out", help="output directory (default: runs/sweep-NAME); finished runs in it are not run again")
+    p.add_argument("--jobs", type=int, default=1, help="runs at the same time (each is a whole testbed)")
+    p.add_argument("--dry-run", action="store_true", help="validate every run's config and list the runs, run nothing")
+    p.add_argument("--quiet", action="store_true", help="no live progress, one line per finished run")
+    p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("cloud", help="start the cloud server (drives the run)")
     _add_config_args(p)

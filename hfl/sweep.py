@@ -1,0 +1,451 @@
+"""`hfl sweep SPEC.toml`: run a grid of whole testbeds (variants x grid x seeds) and tabulate them.
+
+A spec (paths relative to the spec file):
+
+    name = "smoke"                      # default: the spec's file name
+    config = "../configs/default.toml"  # base config file (optional)
+    seeds = [0, 1, 2]                   # run.seed of each repetition (default: the base config's)
+    [base]                              # overrides of the base config: dotted keys or nested tables
+    "run.rounds" = 2
+    [grid]                              # every combination of these values is a cell
+    "train.lr" = [0.05, 0.1]
+    [variants.qhetfed]                  # named override sets (optional), crossed with the grid
+    "run.algorithm" = "qhetfed"
+    [report]
+    fields = ["final_accuracy"]         # summary.json fields: mean +- std over seeds
+    curves = ["accuracy"]               # metrics.jsonl fields plotted against each of `x`
+    x = ["round", "emulated_seconds"]   # an x absent from the metrics is skipped
+    group_by = "run.algorithm"          # one plot per value of this varied key (optional)
+
+Each run goes to OUT/CELL/seed-S; a run whose summary.json exists is not run again. At the end:
+OUT/results.md, OUT/results.json and OUT/CURVE_vs_X[__KEY-VALUE].png.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import pathlib
+import re
+import signal
+import threading
+import time
+import tomllib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from hfl.common import config as config_mod
+from hfl.common import metrics
+
+SPEC_KEYS = ("name", "description", "config", "seeds", "base", "grid", "variants", "report")
+REPORT_KEYS = ("fields", "curves", "x", "group_by")
+DEFAULT_REPORT = {"fields": ["final_accuracy"], "curves": ["accuracy"], "x": ["round", "emulated_seconds"], "group_by": None}
+VARIANT = "variant"  # the varied key that names a [variants.NAME] table
+
+
+class SweepError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Run:
+    cell: str                 # the cell's directory name: the varied values
+    varied: dict[str, Any]    # varied key -> value ("variant" -> NAME for variants)
+    seed: int
+    config: config_mod.Config
+    run_dir: pathlib.Path
+
+    @property
+    def done(self) -> bool:
+        return (self.run_dir / "summary.json").is_file()
+
+
+@dataclass
+class Spec:
+    name: str
+    path: pathlib.Path
+    base: dict[str, Any]
+    grid: dict[str, list]
+    variants: dict[str, dict[str, Any]]
+    seeds: list[int] | None
+    report: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_REPORT))
+
+    @property
+    def varied_keys(self) -> list[str]:
+        return ([VARIANT] if self.variants else []) + list(self.grid)
+
+
+# ---- spec ----------------------------------------------------------------------------------------
+def flatten(table: dict[str, Any], where: str, prefix: str = "") -> dict[str, Any]:
+    """{"run": {"rounds": 2}, "train.lr": 0.1} -> {"run.rounds": 2, "train.lr": 0.1}."""
+    if not isinstance(table, dict):
+        raise SweepError(f"[{where}] must be a table of config keys, got {table!r}")
+    flat: dict[str, Any] = {}
+    for key, value in table.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, where, path + "."))
+        else:
+            if path.count(".") < 1:
+                raise SweepError(f"[{where}] key {path!r} must name a config key as section.key (e.g. run.rounds)")
+            flat[path] = value
+    return flat
+
+
+def _check_keys(table: dict, allowed: tuple[str, ...], where: str) -> None:
+    unknown = sorted(set(table) - set(allowed))
+    if unknown:
+        raise SweepError(f"unknown key {unknown[0]!r} in {where}; allowed keys: {', '.join(allowed)}")
+
+
+def parse_spec(text: str, path: pathlib.Path) -> Spec:
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SweepError(f"{path}: {exc}") from None
+    _check_keys(raw, SPEC_KEYS, "the sweep spec")
+    base: dict[str, Any] = {}
+    if "config" in raw:
+        config_path = (path.parent / str(raw["config"])).resolve()
+        if not config_path.is_file():
+            raise SweepError(f"config: file not found: {config_path} (relative to the spec)")
+        base = flatten(tomllib.loads(config_path.read_text()), f"config {config_path.name}")
+    base.update(flatten(raw.get("base", {}), "base"))
+    grid = flatten(raw.get("grid", {}), "grid")
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise SweepError(f"[grid] {key} must be a non-empty list of values, got {values!r}")
+        if key == "run.seed":
+            raise SweepError("[grid] run.seed: list the seeds in the top-level `seeds` instead")
+    variants_raw = raw.get("variants", {})
+    if not isinstance(variants_raw, dict) or not all(isinstance(v, dict) for v in variants_raw.values()):
+        raise SweepError("variants must be tables: [variants.NAME] with config keys")
+    variants = {name: flatten(table, f"variants.{name}") for name, table in variants_raw.items()}
+    for name, table in variants.items():
+        if not re.fullmatch(r"[A-Za-z0-9_.+-]+", name):
+            raise SweepError(f"[variants.{name}]: a variant name may hold letters, digits and _ . + - only")
+        clash = sorted(set(table) & set(grid))
+        if clash:
+            raise SweepError(f"[variants.{name}] sets {clash[0]!r}, which [grid] varies too: vary it in one place")
+    seeds = raw.get("seeds")
+    if seeds is not None and (not isinstance(seeds, list) or not seeds
+                              or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds)):
+        raise SweepError(f"seeds must be a non-empty list of non-negative integers, got {seeds!r}")
+    if seeds is not None and len(set(seeds)) != len(seeds):
+        raise SweepError(f"seeds: {seeds!r} repeats a seed")
+    report_raw = raw.get("report", {})
+    if not isinstance(report_raw, dict):
+        raise SweepError("[report] must be a table")
+    _check_keys(report_raw, REPORT_KEYS, "[report]")
+    report = dict(DEFAULT_REPORT, **report_raw)
+    for key in ("fields", "curves", "x"):
+        if isinstance(report[key], str):
+            report[key] = [report[key]]
+        if not isinstance(report[key], list) or not all(isinstance(v, str) for v in report[key]):
+            raise SweepError(f"report.{key} must be a list of names, got {report[key]!r}")
+    spec = Spec(str(raw.get("name", path.stem)), path, base, grid, variants, seeds, report)
+    group_by = report["group_by"]
+    if group_by is not None and group_by not in spec.varied_keys:
+        raise SweepError(f"report.group_by = {group_by!r} is not varied by the sweep; varied keys: "
+                         f"{', '.join(spec.varied_keys) or '(none)'}")
+    return spec
+
+
+def load_spec(path: str | pathlib.Path) -> Spec:
+    p = pathlib.Path(path)
+    if not p.is_file():
+        raise SweepError(f"sweep spec not found: {p}")
+    return parse_spec(p.read_text(), p.resolve())
+
+
+def _slug(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value)
+    return re.sub(r"[^A-Za-z0-9_.+-]+", "_", text).strip("_") or "_"
+
+
+def cell_name(varied: dict[str, Any]) -> str:
+    if not varied:
+        return "base"
+    return ",".join(_slug(v) if k == VARIANT else f"{k}={_slug(v)}" for k, v in varied.items())
+
+
+def _nest(flat: dict[str, Any]) -> dict[str, Any]:
+    data: dict[str, Any] = {}
+    for key, value in flat.items():
+        node = data
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise SweepError(f"{key}: {part!r} is a value, not a section")
+        node[parts[-1]] = value
+    return data
+
+
+def expand(spec: Spec, out: pathlib.Path) -> list[Run]:
+    """Every run of the sweep, each config built and validated (ConfigError names the bad key)."""
+    variant_items = list(spec.variants.items()) or [(None, {})]
+    runs = []
+    for (variant, overrides), values in itertools.product(variant_items, itertools.product(*spec.grid.values())):
+        varied = ({VARIANT: variant} if variant is not None else {}) | dict(zip(spec.grid, values))
+        flat = {**spec.base, **overrides, **dict(zip(spec.grid, values))}
+        cell = cell_name(varied)
+        where = f"cell {cell}" + (f" (variants.{variant})" if variant else "")
+        try:
+            first = config_mod.from_dict(_nest(flat))
+        except config_mod.ConfigError as exc:
+            raise SweepError(f"{where}: {exc}") from None
+        for seed in spec.seeds if spec.seeds is not None else [first.run.seed]:
+            cfg = config_mod.from_dict(_nest({**flat, "run.seed": seed, "run.name": f"{spec.name}-{cell}"}))
+            runs.append(Run(cell, varied, seed, cfg, out / cell / f"seed-{seed}"))
+    cells: dict[str, dict] = {}
+    for run in runs:
+        if cells.setdefault(run.cell, run.varied) != run.varied:
+            raise SweepError(f"two cells share the directory name {run.cell!r}: make the varied values distinct")
+    for run in runs:
+        stored = run.run_dir / "config.toml"
+        if run.done and stored.is_file() and stored.read_text() != config_mod.to_toml(run.config):
+            raise SweepError(f"{run.run_dir} finished with another config than the spec now gives: delete it or "
+                             f"use another --out")
+    return runs
+
+
+# ---- results -------------------------------------------------------------------------------------
+def _numbers(obj: Any, prefix: str = "") -> dict[str, float]:
+    out: dict[str, float] = {}
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            out.update(_numbers(v, f"{prefix}{k}."))
+    elif isinstance(obj, (int, float)) and not isinstance(obj, bool):
+        out[prefix[:-1]] = float(obj)
+    return out
+
+
+def epsilon_fields(summary: dict) -> dict[str, float]:
+    """Every numeric summary field whose name holds "epsilon" (nested keys dotted), e.g. epsilon_claimed."""
+    return {k: v for k, v in _numbers(summary).items() if "epsilon" in k.rsplit(".", 1)[-1]}
+
+
+def mean_std(values: list[float]) -> dict[str, Any]:
+    """Mean and sample standard deviation (ddof = 1; 0 for one value) of the finite values."""
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    if not vals:
+        return {"mean": None, "std": None, "n": 0}
+    mean = sum(vals) / len(vals)
+    std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0
+    return {"mean": mean, "std": std, "n": len(vals)}
+
+
+def aggregate(spec: Spec, runs: list[Run], errors: dict[pathlib.Path, str]) -> list[dict]:
+    """One entry per cell: varied values, per-seed runs and mean/std over seeds of the report fields and
+    of every epsilon field."""
+    cells: dict[str, list[Run]] = {}
+    for run in runs:
+        cells.setdefault(run.cell, []).append(run)
+    out = []
+    for cell, members in cells.items():
+        summaries = {r.seed: json.loads((r.run_dir / "summary.json").read_text()) for r in members if r.done}
+        eps_keys = sorted({k for s in summaries.values() for k in epsilon_fields(s)})
+        stats = {f: mean_std([_numbers(s).get(f) for s in summaries.values()]) for f in spec.report["fields"]}
+        eps = {k: mean_std([epsilon_fields(s).get(k) for s in summaries.values()]) for k in eps_keys}
+        out.append({"cell": cell, "varied": members[0].varied, "seeds": [r.seed for r in members],
+                    "finished": sorted(summaries), "stats": stats, "epsilon": eps,
+                    "runs": [{"seed": r.seed, "run_dir": str(r.run_dir), "done": r.done,
+                              **({"error": errors[r.run_dir]} if r.run_dir in errors else {}),
+                              **({f: _numbers(summaries[r.seed]).get(f) for f in spec.report["fields"]}
+                                 if r.seed in summaries else {})} for r in members]})
+    return out
+
+
+def _fmt(stat: dict) -> str:
+    if stat["n"] == 0:
+        return "n/a"
+    digits = 4 if abs(stat["mean"]) < 100 else 1
+    return f"{stat['mean']:.{digits}f} ± {stat['std']:.{digits}f}"
+
+
+def markdown(spec: Spec, cells: list[dict]) -> str:
+    eps_keys = sorted({k for c in cells for k in c["epsilon"]})
+    head = (["cell"] + spec.varied_keys + ["runs"] + [f"{f} (mean ± std)" for f in spec.report["fields"]]
+            + [f"{k} (privacy, from summary.json)" for k in eps_keys])
+    lines = [f"# Sweep {spec.name}", "", f"Spec: `{spec.path}`. Mean ± sample standard deviation over seeds "
+             f"(n = finished runs).", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for c in cells:
+        row = ([c["cell"]] + [json.dumps(c["varied"][k]) if not isinstance(c["varied"][k], str) else c["varied"][k]
+                              for k in spec.varied_keys]
+               + [f"{len(c['finished'])}/{len(c['seeds'])}"] + [_fmt(c["stats"][f]) for f in spec.report["fields"]]
+               + [_fmt(c["epsilon"][k]) if k in c["epsilon"] else "-" for k in eps_keys])
+        lines.append("| " + " | ".join(row) + " |")
+    if spec.variants:
+        lines += ["", "Variants:", ""]
+        lines += [f"- `{name}`: " + ", ".join(f"`{k} = {json.dumps(v)}`" for k, v in table.items())
+                  for name, table in spec.variants.items()]
+    failed = [r for c in cells for r in c["runs"] if "error" in r]
+    if failed:
+        lines += ["", "Failed runs:", ""] + [f"- `{r['run_dir']}`: {r['error'].splitlines()[0]}" for r in failed]
+    return "\n".join(lines) + "\n"
+
+
+def curve_points(runs: list[Run], curve: str, x: str) -> list[tuple[float, float, float, int]]:
+    """(mean x, mean y, std y, n) per round over the runs' metrics rows that hold both fields."""
+    by_round: dict[int, list[tuple[float, float]]] = {}
+    for run in runs:
+        for row in metrics.read_jsonl(run.run_dir / "metrics.jsonl") if run.done else []:
+            xv = row["round"] + 1 if x == "round" else row.get(x)
+            yv = row.get(curve)
+            if isinstance(xv, (int, float)) and isinstance(yv, (int, float)) and math.isfinite(yv):
+                by_round.setdefault(row["round"], []).append((float(xv), float(yv)))
+    points = []
+    for _, pairs in sorted(by_round.items()):
+        xs = mean_std([p[0] for p in pairs])
+        ys = mean_std([p[1] for p in pairs])
+        points.append((xs["mean"], ys["mean"], ys["std"], ys["n"]))
+    return points
+
+
+def plot(spec: Spec, runs: list[Run], out: pathlib.Path) -> list[pathlib.Path]:
+    """Mean over seeds with a +-1 std band, one line per cell; one PNG per (curve, x[, group value])."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    group_by = spec.report["group_by"]
+    groups: dict[Any, dict[str, list[Run]]] = {}
+    for run in runs:
+        key = run.varied.get(group_by) if group_by else None
+        groups.setdefault(json.dumps(key), {}).setdefault(run.cell, []).append(run)
+    written = []
+    for curve, x in itertools.product(spec.report["curves"], spec.report["x"]):
+        for group, cells in groups.items():
+            lines = {cell: curve_points(members, curve, x) for cell, members in cells.items()}
+            if not any(lines.values()):
+                continue  # e.g. no emulated_seconds in these metrics
+            fig, ax = plt.subplots(figsize=(6.5, 4.2), dpi=110)
+            for cell, pts in lines.items():
+                if not pts:
+                    continue
+                xs, ys, sd = [p[0] for p in pts], [p[1] for p in pts], [p[2] for p in pts]
+                ax.plot(xs, ys, marker="o", ms=3, label=f"{cell} (n={max(p[3] for p in pts)})")
+                ax.fill_between(xs, [y - s for y, s in zip(ys, sd)], [y + s for y, s in zip(ys, sd)], alpha=0.2)
+            title = f"{spec.name}: {curve} vs {x}" + (f" ({group_by} = {json.loads(group)})" if group_by else "")
+            ax.set(xlabel="global round" if x == "round" else x, ylabel=f"{curve} (mean ± std over seeds)", title=title)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+            fig.tight_layout()
+            suffix = f"__{_slug(group_by)}-{_slug(json.loads(group))}" if group_by else ""
+            path = out / f"{_slug(curve)}_vs_{_slug(x)}{suffix}.png"
+            fig.savefig(path)
+            plt.close(fig)
+            written.append(path)
+    return written
+
+
+def write_results(spec: Spec, runs: list[Run], out: pathlib.Path, errors: dict[pathlib.Path, str]) -> dict:
+    cells = aggregate(spec, runs, errors)
+    (out / "results.md").write_text(markdown(spec, cells))
+    plots = plot(spec, runs, out)
+    result = {"name": spec.name, "spec": str(spec.path), "varied_keys": spec.varied_keys, "report": spec.report,
+              "cells": cells, "plots": [p.name for p in plots]}
+    metrics.write_json(out / "results.json", result)
+    return result
+
+
+# ---- running -------------------------------------------------------------------------------------
+def run_one(run: Run, on_round=None, timeout: float = 24 * 3600, active: set | None = None) -> dict:
+    """One whole testbed (real processes) into run.run_dir; a partial earlier attempt is started over.
+    The testbed sits in `active` while it runs, so that an interrupt can stop it from another thread."""
+    from hfl.testbed import Testbed
+
+    started_before = run.run_dir.exists() and any(run.run_dir.iterdir())
+    bed = Testbed(run.config, run_dir=run.run_dir, force=started_before)
+    if active is not None:
+        active.add(bed)
+    try:
+        bed.start()
+        for row in bed.iter_metrics(timeout=timeout):
+            if on_round:
+                on_round(row)
+        return bed.wait(timeout=120)
+    finally:
+        bed.close()
+        if active is not None:
+            active.discard(bed)
+
+
+def _interrupt(*_) -> None:
+    raise KeyboardInterrupt  # SIGTERM stops the sweep like Ctrl-C
+
+
+def run_sweep(spec_path: str | pathlib.Path, out: str | pathlib.Path | None = None, jobs: int = 1,
+              dry_run: bool = False, quiet: bool = False) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    try:
+        if jobs < 1:
+            raise SweepError(f"--jobs must be at least 1, got {jobs}")
+        spec = load_spec(spec_path)
+        out_dir = pathlib.Path(out or pathlib.Path("runs") / f"sweep-{spec.name}").resolve()
+        runs = expand(spec, out_dir)
+    except SweepError as exc:
+        console.print(f"sweep spec error: {exc}", markup=False)
+        return 2
+    todo = [r for r in runs if not r.done]
+    console.print(f"sweep {spec.name}: {len(runs)} runs in {len({r.cell for r in runs})} cells, {len(todo)} to run, "
+                  f"{len(runs) - len(todo)} already finished; output {out_dir}", markup=False)
+    if dry_run:
+        for r in runs:
+            console.print(f"  {'done' if r.done else 'todo'}  {r.run_dir.relative_to(out_dir)}", markup=False)
+        return 0
+    out_dir.mkdir(parents=True, exist_ok=True)
+    errors: dict[pathlib.Path, str] = {}
+    lock = threading.Lock()
+    active: set = set()
+    stopping = threading.Event()
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    with Progress(*columns, console=console, disable=quiet or not console.is_terminal) as progress:
+        overall = progress.add_task("runs", total=len(runs), completed=len(runs) - len(todo))
+
+        def execute(run: Run) -> None:
+            if stopping.is_set():
+                return
+            label = f"{run.cell} seed {run.seed}"
+            task = progress.add_task(label, total=run.config.run.rounds)
+            t0 = time.monotonic()
+            try:
+                summary = run_one(run, on_round=lambda row: progress.update(task, completed=row["round"] + 1),
+                                  active=active)
+                acc = summary.get("final_accuracy")
+                line = f"done {label}: final accuracy {'-' if acc is None else f'{acc:.4f}'}"
+            except Exception as exc:  # one failed run must not cost the others
+                with lock:
+                    errors[run.run_dir] = f"{exc.__class__.__name__}: {exc}"
+                line = f"FAILED {label}: {str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__}"
+            progress.remove_task(task)
+            progress.update(overall, advance=1)
+            progress.console.print(f"{line} ({time.monotonic() - t0:.1f}s)", markup=False)
+
+        pool = ThreadPoolExecutor(max_workers=jobs)
+        previous = signal.signal(signal.SIGTERM, _interrupt)
+        try:
+            for future in [pool.submit(execute, run) for run in todo]:
+                while not future.done():
+                    time.sleep(0.2)  # a timed wait: Ctrl-C reaches the main thread between waits
+        except KeyboardInterrupt:
+            stopping.set()
+            for bed in list(active):
+                bed.close()
+            pool.shutdown(wait=True, cancel_futures=True)
+            console.print("interrupted: finished runs are kept; run the same command again to resume", markup=False)
+            return 130
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            pool.shutdown(wait=True)
+    write_results(spec, runs, out_dir, errors)
+    console.print(f"results: {out_dir / 'results.md'}, results.json and plots", markup=False)
+    if not quiet:
+        print((out_dir / "results.md").read_text())
+    return 1 if errors else 0

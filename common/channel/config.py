@@ -33,8 +33,9 @@ class ChannelSection:
     sigma_dn2: float = doc(4e-15, "noise power per entry at the device (W)")
     psi_mode: str = choice("corrected", ("paper", "corrected", "empirical"), "received-power term Psi (digest 10.2)")
     fading: str = choice("complex", ("complex", "real"), "complex baseband Rayleigh, or real amplitude with a sign")
-    interferers: str = choice("explicit", ("explicit", "aggregate"),
-                              "interferer payloads: drawn, or the same Gaussian law through a factor of the gains")
+    interferers: str = choice("explicit", ("explicit", "aggregate", "independent"),
+                              "interferer payloads: drawn; the same Gaussian law through a factor of the gains; or "
+                              "each receiver's exact marginal law, independent across receivers (fast, approximate)")
     interference: bool = doc(True, "false: every receiver hears only its own cluster")
     noise: bool = doc(True, "false: no AWGN")
 

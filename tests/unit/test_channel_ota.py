@@ -129,6 +129,24 @@ def test_interferer_payload_modes_have_the_gaussian_law_of_the_gains(mode):
     assert np.all(np.abs(measured - expected) / scale < 5 * np.sqrt(2 / d))
 
 
+def test_independent_mode_keeps_each_receivers_law_and_drops_the_cross_terms():
+    rng = np.random.default_rng(10)
+    gains = rng.normal(size=(3, 40)) + 1j * rng.normal(size=(3, 40))
+    gains[1] = gains[0] * 0.5  # receivers 0 and 1 share their interferers: truly correlated
+    d = 20000
+    v = ota.gaussian_superposition(gains, d, np.random.default_rng(11), "independent")
+    for r in range(3):
+        k = np.vstack([gains[r].real, gains[r].imag])
+        expected = k @ k.T
+        measured = np.cov(np.vstack([v[r].real, v[r].imag]), bias=True)
+        scale = np.sqrt(np.outer(np.diag(expected), np.diag(expected)))
+        assert np.all(np.abs(measured - expected) / scale < 5 * np.sqrt(2 / d))  # same SE argument as above
+    corr = np.corrcoef(v[0].real, v[1].real)[0, 1]
+    assert abs(corr) < 5 / np.sqrt(d)  # independent by construction, though the exact law has corr ~ 1
+    exact = ota.gaussian_superposition(gains, d, np.random.default_rng(11), "explicit")
+    assert np.corrcoef(exact[0].real, exact[1].real)[0, 1] > 0.99
+
+
 def test_psi_closed_forms_on_the_defaults():
     rho = inversion_rho(1.0, 0.5, 4.0, 4.0, 30.0)
     assert ota.psi_corrected(20e-6, 15, 1.0, 4.0, 4.0) / rho == pytest.approx(9.06, abs=0.01)  # digest 3.4

@@ -310,6 +310,7 @@ def plot(spec: Spec, runs: list[Run], out: pathlib.Path) -> list[pathlib.Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     group_by = spec.report["group_by"]
     groups: dict[Any, dict[str, list[Run]]] = {}
@@ -331,6 +332,8 @@ def plot(spec: Spec, runs: list[Run], out: pathlib.Path) -> list[pathlib.Path]:
                 ax.fill_between(xs, [y - s for y, s in zip(ys, sd)], [y + s for y, s in zip(ys, sd)], alpha=0.2)
             title = f"{spec.name}: {curve} vs {x}" + (f" ({group_by} = {json.loads(group)})" if group_by else "")
             ax.set(xlabel="global round" if x == "round" else x, ylabel=f"{curve} (mean ± std over seeds)", title=title)
+            if x == "round":
+                ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
             fig.tight_layout()
@@ -353,7 +356,7 @@ def write_results(spec: Spec, runs: list[Run], out: pathlib.Path, errors: dict[p
 
 
 # ---- running -------------------------------------------------------------------------------------
-def run_one(run: Run, on_round=None, timeout: float = 24 * 3600, active: set | None = None) -> dict:
+def run_one(run: Run, on_round=None, timeout: float = 24 * 3600, active: dict | None = None) -> dict:
     """One whole testbed (real processes) into run.run_dir; a partial earlier attempt is started over.
     The testbed sits in `active` while it runs, so that an interrupt can stop it from another thread."""
     from hfl.testbed import Testbed
@@ -361,7 +364,7 @@ def run_one(run: Run, on_round=None, timeout: float = 24 * 3600, active: set | N
     started_before = run.run_dir.exists() and any(run.run_dir.iterdir())
     bed = Testbed(run.config, run_dir=run.run_dir, force=started_before)
     if active is not None:
-        active.add(bed)
+        active[id(bed)] = bed
     try:
         bed.start()
         for row in bed.iter_metrics(timeout=timeout):
@@ -371,7 +374,7 @@ def run_one(run: Run, on_round=None, timeout: float = 24 * 3600, active: set | N
     finally:
         bed.close()
         if active is not None:
-            active.discard(bed)
+            active.pop(id(bed), None)
 
 
 def _interrupt(*_) -> None:
@@ -403,7 +406,7 @@ def run_sweep(spec_path: str | pathlib.Path, out: str | pathlib.Path | None = No
     out_dir.mkdir(parents=True, exist_ok=True)
     errors: dict[pathlib.Path, str] = {}
     lock = threading.Lock()
-    active: set = set()
+    active: dict = {}
     stopping = threading.Event()
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
     with Progress(*columns, console=console, disable=quiet or not console.is_terminal) as progress:
@@ -436,7 +439,7 @@ def run_sweep(spec_path: str | pathlib.Path, out: str | pathlib.Path | None = No
                     time.sleep(0.2)  # a timed wait: Ctrl-C reaches the main thread between waits
         except KeyboardInterrupt:
             stopping.set()
-            for bed in list(active):
+            for bed in list(active.values()):
                 bed.close()
             pool.shutdown(wait=True, cancel_futures=True)
             console.print("interrupted: finished runs are kept; run the same command again to resume", markup=False)

@@ -1,0 +1,173 @@
+"""Sweep specs: parsing, expansion into runs, validation before anything runs, and the results."""
+import json
+import pathlib
+
+import pytest
+
+from hfl import sweep
+from hfl.common import config as c
+
+SMOKE = pathlib.Path(__file__).resolve().parents[2] / "deploy" / "experiments" / "smoke.toml"
+
+
+def spec_of(tmp_path, text, name="s.toml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return sweep.load_spec(path)
+
+
+GRID = """
+seeds = [3, 4]
+[base]
+run.rounds = 2
+"topology.edges" = 1
+[base.train]
+gamma = 1
+[grid]
+"train.lr" = [0.01, 0.1]
+data.partition = ["iid", "classes"]
+[variants.plain]
+"run.algorithm" = "hierfavg"
+[variants.q]
+"run.algorithm" = "qhetfed"
+"train.tau" = 3
+"""
+
+
+def test_expansion_is_variants_times_grid_times_seeds(tmp_path):
+    spec = spec_of(tmp_path, GRID)
+    assert spec.base == {"run.rounds": 2, "topology.edges": 1, "train.gamma": 1}
+    assert spec.varied_keys == ["variant", "train.lr", "data.partition"]
+    runs = sweep.expand(spec, tmp_path / "out")
+    assert len(runs) == 2 * 2 * 2 * 2 and len({r.run_dir for r in runs}) == 16
+    one = next(r for r in runs if r.varied == {"variant": "q", "train.lr": 0.1, "data.partition": "classes"} and r.seed == 4)
+    assert one.run_dir == tmp_path / "out" / "q,train.lr=0.1,data.partition=classes" / "seed-4"
+    cfg = one.config
+    assert (cfg.run.algorithm, cfg.train.tau, cfg.train.lr, cfg.data.partition, cfg.run.seed) == ("qhetfed", 3, 0.1, "classes", 4)
+    assert (cfg.run.rounds, cfg.topology.edges, cfg.train.gamma) == (2, 1, 1)
+    plain = next(r for r in runs if r.varied["variant"] == "plain")
+    assert plain.config.train.tau == c.Config().train.tau  # a variant's overrides stay in that variant
+
+
+def test_config_file_relative_to_the_spec_and_base_overrides_it(tmp_path):
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "x.toml").write_text('[run]\nrounds = 7\nseed = 9\n[train]\nlr = 0.2\n')
+    (tmp_path / "exp").mkdir()
+    spec = spec_of(tmp_path / "exp", 'config = "../configs/x.toml"\n[base]\n"train.lr" = 0.3\n')
+    runs = sweep.expand(spec, tmp_path / "out")
+    assert [(r.cell, r.seed, r.config.run.rounds, r.config.train.lr) for r in runs] == [("base", 9, 7, 0.3)]
+    assert spec.name == "s" and runs[0].config.run.name == "s-base"
+
+
+def test_the_shipped_smoke_spec_is_valid_and_small():
+    spec = sweep.load_spec(SMOKE)
+    runs = sweep.expand(spec, pathlib.Path("/nonexistent/out"))
+    assert len(runs) == 4 and {r.config.run.algorithm for r in runs} == {"hierfavg", "qhetfed"}
+    assert all(r.config.run.rounds == 2 and r.config.num_devices == 4 for r in runs)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("colour = 1", "unknown key 'colour' in the sweep spec; allowed keys: name, description, config"),
+    ("[report]\nfield = ['x']", "unknown key 'field' in [report]; allowed keys: fields, curves, x, group_by"),
+    ("[grid]\n'train.lrr' = [0.1]", "unknown key 'train.lrr'; allowed keys in [train]: lr, batch_size"),
+    ("[variants.v]\n'run.algorithm' = 'fedsgd'", "cell v (variants.v): bad value for run.algorithm: 'fedsgd'; allowed: "),
+    ("[base]\n'run.rounds' = 0", "run.rounds"),
+    ("[grid]\n'train.lr' = 0.1", "[grid] train.lr must be a non-empty list of values"),
+    ("[grid]\n'train.lr' = []", "[grid] train.lr must be a non-empty list"),
+    ("[grid]\n'run.seed' = [1, 2]", "[grid] run.seed: list the seeds in the top-level `seeds`"),
+    ("seeds = [1, 1]", "seeds: [1, 1] repeats a seed"),
+    ("seeds = [-1]", "seeds must be a non-empty list of non-negative integers"),
+    ("seeds = 3", "seeds must be a non-empty list"),
+    ("[base]\nrounds = 2", "key 'rounds' must name a config key as section.key"),
+    ("base = 3", "[base] must be a table"),
+    ("config = 'missing.toml'", "config: file not found"),
+    ("[report]\ngroup_by = 'train.lr'", "report.group_by = 'train.lr' is not varied by the sweep"),
+    ("[report]\nfields = [1]", "report.fields must be a list of names"),
+    ("[grid]\n'run.algorithm' = ['hierfavg']\n[variants.a]\n'run.algorithm' = 'qhetfed'", "which [grid] varies too"),
+    ("[variants.'a b']\n'run.rounds' = 1", "a variant name may hold"),
+    ("[grid\n", "s.toml"),
+])
+def test_bad_specs_name_the_key(tmp_path, text, message):
+    with pytest.raises(sweep.SweepError) as err:
+        sweep.expand(spec_of(tmp_path, text), tmp_path / "out")
+    assert message in str(err.value)
+
+
+def test_a_bad_later_cell_stops_the_sweep_before_anything_runs(tmp_path, capsys):
+    path = tmp_path / "s.toml"
+    path.write_text("[grid]\n'train.batch_size' = [8, 0]\n")
+    out = tmp_path / "out"
+    assert sweep.run_sweep(path, out) == 2
+    assert "cell train.batch_size=0" in capsys.readouterr().err and not out.exists()
+
+
+def test_cells_with_the_same_directory_name_are_refused(tmp_path):
+    with pytest.raises(sweep.SweepError, match="share the directory name"):
+        sweep.expand(spec_of(tmp_path, "[grid]\n'run.name' = ['a b', 'a_b']\n"), tmp_path / "out")
+
+
+def fake_run(run, summary, rows):
+    run.run_dir.mkdir(parents=True)
+    (run.run_dir / "config.toml").write_text(c.to_toml(run.config))
+    (run.run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run.run_dir / "summary.json").write_text(json.dumps(summary))
+
+
+def test_results_table_json_and_plots(tmp_path):
+    spec = spec_of(tmp_path, "seeds = [0, 1]\n[grid]\n'train.lr' = [0.1, 0.2]\n[report]\nfields = ['final_accuracy', 'bytes_up']\n"
+                             "curves = ['accuracy']\ngroup_by = 'train.lr'\n")
+    runs = sweep.expand(spec, tmp_path / "out")
+    accs = {(0.1, 0): 0.5, (0.1, 1): 0.7, (0.2, 0): 0.9}
+    for run in runs:
+        key = (run.config.train.lr, run.seed)
+        if key in accs:
+            summary = {"final_accuracy": accs[key], "bytes_up": 10, "privacy": {"epsilon": 1.0 + run.seed, "delta": 1e-5},
+                       "epsilon_claimed": 2.0}
+            rows = [{"round": r, "accuracy": accs[key] * (r + 1) / 2, "emulated_seconds": 1.5 * (r + 1)} for r in range(2)]
+            fake_run(run, summary, rows)
+    result = sweep.write_results(spec, runs, tmp_path / "out", {runs[-1].run_dir: "TestbedError: cloud failed\nlog"})
+    first, second = result["cells"]
+    assert first["stats"]["final_accuracy"]["mean"] == pytest.approx(0.6)
+    assert first["stats"]["final_accuracy"]["std"] == pytest.approx(0.1414213562)  # sample std, ddof = 1
+    assert first["epsilon"]["privacy.epsilon"]["mean"] == pytest.approx(1.5) and "privacy.delta" not in first["epsilon"]
+    assert second["finished"] == [0] and second["stats"]["final_accuracy"] == {"mean": 0.9, "std": 0.0, "n": 1}
+    table = (tmp_path / "out" / "results.md").read_text()
+    assert "| train.lr=0.1 | 0.1 | 2/2 | 0.6000 ± 0.1414 | 10.0000 ± 0.0000 | 2.0000 ± 0.0000 | 1.5000 ± 0.7071 |" in table
+    assert "| train.lr=0.2 | 0.2 | 1/2 | 0.9000 ± 0.0000 |" in table
+    assert "epsilon_claimed (privacy, from summary.json)" in table and "privacy.epsilon (privacy, from summary.json)" in table
+    assert "TestbedError: cloud failed" in table and "\nlog" not in table
+    assert json.loads((tmp_path / "out" / "results.json").read_text())["cells"][1]["runs"][1]["error"].startswith("TestbedError")
+    assert sorted(result["plots"]) == ["accuracy_vs_emulated_seconds__train.lr-0.1.png", "accuracy_vs_emulated_seconds__train.lr-0.2.png",
+                                       "accuracy_vs_round__train.lr-0.1.png", "accuracy_vs_round__train.lr-0.2.png"]
+    assert (tmp_path / "out" / "accuracy_vs_round__train.lr-0.1.png").read_bytes()[:4] == b"\x89PNG"
+    points = sweep.curve_points([r for r in runs if r.config.train.lr == 0.1], "accuracy", "emulated_seconds")
+    assert points[1][:3] == pytest.approx((3.0, 0.6, 0.1414213562)) and points[1][3] == 2
+
+
+def test_no_plot_for_an_x_the_metrics_lack(tmp_path):
+    spec = spec_of(tmp_path, "[report]\nx = ['round', 'emulated_seconds']\n")
+    runs = sweep.expand(spec, tmp_path / "out")
+    fake_run(runs[0], {"final_accuracy": None}, [{"round": 0, "accuracy": 0.3}, {"round": 1, "accuracy": None}])
+    result = sweep.write_results(spec, runs, tmp_path / "out", {})
+    assert result["plots"] == ["accuracy_vs_round.png"]
+    assert result["cells"][0]["stats"]["final_accuracy"] == {"mean": None, "std": None, "n": 0}
+    assert "| base | 1/1 | n/a |" in (tmp_path / "out" / "results.md").read_text()
+
+
+def test_finished_runs_are_skipped_and_a_changed_spec_is_caught(tmp_path, capsys):
+    path = tmp_path / "s.toml"
+    path.write_text("seeds = [0]\n[base]\n'run.rounds' = 2\n")
+    out = tmp_path / "out"
+    runs = sweep.expand(sweep.load_spec(path), out)
+    fake_run(runs[0], {"final_accuracy": 0.5}, [{"round": 0, "accuracy": 0.5}])
+    assert sweep.run_sweep(path, out, quiet=True) == 0  # nothing to run: no process is started
+    assert "0 to run, 1 already finished" in capsys.readouterr().err
+    assert (out / "results.md").exists()
+    path.write_text("seeds = [0]\n[base]\n'run.rounds' = 3\n")
+    assert sweep.run_sweep(path, out, dry_run=True) == 2
+    assert "finished with another config than the spec now gives" in capsys.readouterr().err
+
+
+def test_mean_std():
+    assert sweep.mean_std([1.0, None, 3.0, float("nan")]) == {"mean": 2.0, "std": pytest.approx(2 ** 0.5), "n": 2}
+    assert sweep.mean_std([]) == {"mean": None, "std": None, "n": 0}

@@ -15,7 +15,7 @@ import pathlib
 import shutil
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 import numpy as np
@@ -23,6 +23,7 @@ import torch
 
 from hfl.common import config as config_mod
 from hfl.common import metrics, plans, robust, rpc, topology, validate, wire
+from hfl.common.privacy import on_wire
 from hfl.common.rundir import check_run_dir
 from hfl.common.data import load_dataset
 from hfl.common.models import build, get_flat, init_parameters, num_parameters
@@ -32,6 +33,8 @@ from hfl.common.seeding import numpy_rng, torch_generator
 from hfl.common.service_base import Liveness, Refusals, RoundBoard, hold_presence, refuse
 from hfl.device_client.training import evaluate, make_shard
 from hfl.proto import hfl_v1_pb2 as pb
+
+from .privacy_policy import PrivacyPolicy
 from hfl.proto import hfl_v1_pb2_grpc as pbg
 
 log = logging.getLogger("hfl.cloud")
@@ -43,6 +46,7 @@ class EdgeResult:
     devices: int
     samples: int
     scalars: dict
+    transforms: list = field(default_factory=list)  # what was applied on the way, DP events included
 
 
 class CloudServer(pbg.CloudServiceServicer):
@@ -62,6 +66,9 @@ class CloudServer(pbg.CloudServiceServicer):
         self.stop = asyncio.Event()
         self.rejected_aggregates = 0
         self.spec_json = None  # set last in prepare(): until then every RPC answers UNAVAILABLE
+        self.claims: dict[str, str] = {}  # an edge site's own trust claim (it can only lower the policy)
+        self.policy = None
+        self.stop_reason: str | None = None
         self.refusals = Refusals()
         self.board = RoundBoard()
         self.round = -1
@@ -128,6 +135,9 @@ class CloudServer(pbg.CloudServiceServicer):
                 raise wire.WireError(grpc.StatusCode.ALREADY_EXISTS,
                                      f"{node} is registered and live: a second session is refused until the first ends",
                                      "already_registered")
+            if request.trust not in ("", "trusted", "untrusted"):
+                raise wire.WireError(grpc.StatusCode.INVALID_ARGUMENT,
+                                     f"trust claim {validate.short(request.trust)}: trusted, untrusted or empty", "bad_register")
             if self.started and not request.rejoin:
                 raise wire.WireError(grpc.StatusCode.FAILED_PRECONDITION,
                                      f"the run has started: {node} can only come back with rejoin", "started")
@@ -135,6 +145,8 @@ class CloudServer(pbg.CloudServiceServicer):
             await refuse(context, self.refusals, exc)
         if node in self.live.lost or node in self.live.absent:
             log.info("%s rejoined during round %d", node, self.round)
+        if request.trust:
+            self.claims[node] = request.trust
         token = self.live.registered(node)
         return pb.RegisterReply(run_id=self.run_id, spec_json=self.spec_json, cluster_id="cloud", members=self.edges,
                                 session_token=token, round=self.round if self.started else -1)
@@ -182,7 +194,8 @@ class CloudServer(pbg.CloudServiceServicer):
         delta, _ = self.backhaul.receive(wire.single_tensor(envelope, "delta"), self.dim, self.cfg.run.seed, idx,
                                          self.round, meta.step)
         scalars = validate.check_scalars(envelope.scalars, meta.sender_id)
-        return EdgeResult(delta, meta.num_devices, meta.num_samples, scalars)
+        on_wire.from_transforms(meta.transforms, allowed=set(topology.edge_members(self.cfg, idx)))  # refuse malformed
+        return EdgeResult(delta, meta.num_devices, meta.num_samples, scalars, list(meta.transforms))
 
     async def Submit(self, request_iterator, context) -> pb.Ack:
         try:
@@ -212,7 +225,8 @@ class CloudServer(pbg.CloudServiceServicer):
         tmp = folder / f"{node}.tmp.npz"
         with open(tmp, "wb") as fh:
             np.savez(fh, delta=result.delta, devices=result.devices, samples=result.samples,
-                     scalars=json.dumps(result.scalars), run_id=self.run_id)
+                     scalars=json.dumps(result.scalars), run_id=self.run_id,
+                     transforms=np.frombuffer(pb.Meta(transforms=result.transforms).SerializeToString(), np.uint8))
             fh.flush()
             os.fsync(fh.fileno())
         tmp.replace(folder / f"{node}.npz")
@@ -224,8 +238,9 @@ class CloudServer(pbg.CloudServiceServicer):
             with np.load(path) as f:
                 if str(f["run_id"]) != self.run_id:
                     continue
+                meta = pb.Meta.FromString(f["transforms"].tobytes())
                 self.results[path.stem] = EdgeResult(f["delta"], int(f["devices"]), int(f["samples"]),
-                                                     json.loads(str(f["scalars"])))
+                                                     json.loads(str(f["scalars"])), list(meta.transforms))
         if self.results:
             log.info("resumed round %d with the results already accepted from %s", round_, sorted(self.results))
 
@@ -245,6 +260,11 @@ class CloudServer(pbg.CloudServiceServicer):
             stats.update(self._evaluate(last))
             rows.append(stats)
         metrics.write_jsonl(self.run_dir / "metrics.jsonl", rows)
+        ledger = self.run_dir / "privacy_ledger.jsonl"
+        if ledger.exists():  # rounds past the checkpoint are redone: charge them once
+            metrics.write_jsonl(ledger, [r for r in metrics.read_jsonl(ledger) if r["round"] <= last])
+        if (self.run_dir / "privacy.json").exists():
+            self.claims = json.loads((self.run_dir / "privacy.json").read_text())["trust"]
         self.rows, self.first_round = rows, last + 1
         log.info("resuming run %s after round %d (%d metrics rows kept)", self.run_id, last, len(rows))
 
@@ -273,6 +293,10 @@ class CloudServer(pbg.CloudServiceServicer):
             if missing:
                 log.warning("starting without edges %s (they may still rejoin)", sorted(missing))
         plan = plans.build_plan(cfg)
+        if plans.is_private(cfg):
+            self.policy = PrivacyPolicy(cfg, self.edges, self.device_samples, self.run_dir, self.claims)
+            metrics.write_json(self.run_dir / "privacy.json", self.policy.describe())
+            log.info("privacy: %s calibration, trust %s", cfg.privacy.calibration, self.policy.levels)
         rows = self.rows
         started = time.monotonic() - (rows[-1]["wall_seconds"] if rows else 0.0)
         cloud_weights = plans.weights_rule(cfg, "cloud")
@@ -281,14 +305,19 @@ class CloudServer(pbg.CloudServiceServicer):
             if not (self.resume and r == self.first_round):  # a resumed round keeps what was accepted already
                 self.round = r
                 self.results = {}
+            clusters = self._cluster_plans(r)
+            if clusters is None:
+                break
             tensor = self.downlink.send(self.w, "model", cfg.run.seed, 0, r, -1)[0]
-            task = pb.RoundTask(round=r, phases=plan)
+            task = pb.RoundTask(round=r, phases=plan, clusters=clusters)
             await self.board.publish(r, pb.Envelope(meta=pb.Meta(run_id=self.run_id, round=r, sender_id="cloud"),
                                                     tensors=[tensor], task=task), self.chunk_bytes)
             await self._await_results(r, cfg.net.phase_timeout_s * (len(plan) + 1))
             self.w, rejected = self._aggregate(cloud_weights)
             stats = self._round_stats(r, started, round_started)
             stats["aggregate_rejected"] = rejected
+            if self.policy is not None:
+                stats.update(self.policy.record(r, {e: res.transforms for e, res in self.results.items()}))
             self._checkpoint(r, stats)
             row = await loop.run_in_executor(executor, self._evaluate, r)
             row.update(stats)
@@ -301,7 +330,25 @@ class CloudServer(pbg.CloudServiceServicer):
                 break
         await self._finish(rows, started)
         executor.shutdown(wait=False)
-        return 0 if any(r["edges"] for r in rows[-1:]) else 1
+        return 0 if self.stop_reason or any(r["edges"] for r in rows[-1:]) else 1
+
+    def _cluster_plans(self, r: int) -> dict[str, pb.ClusterPlan] | None:
+        """Round r's per-cluster plan (trust, noise, participants), or None when the privacy budget forbids it."""
+        if self.policy is None:
+            if not self.cfg.train.participants:
+                return {}
+            from hfl.common.privacy.trust import sample_participants
+
+            return {e: pb.ClusterPlan(participants=sample_participants(
+                topology.edge_members(self.cfg, topology.edge_index(e)), self.cfg.train.participants,
+                numpy_rng(self.cfg.run.seed, "cloud", 0, r, "participants", e))) for e in self.edges}
+        participants = self.policy.participants(r)
+        reason = self.policy.refuse_round(r, participants)
+        if reason:
+            log.warning("privacy budget: %s", reason)
+            self.stop_reason = reason
+            return None
+        return self.policy.cluster_plans(r, participants)
 
     async def _await_results(self, r: int, timeout: float) -> None:
         """Wait for every expected edge; a lost edge gets its grace period, a silent one `timeout`."""
@@ -405,6 +452,7 @@ class CloudServer(pbg.CloudServiceServicer):
             "aggregates_rejected": self.rejected_aggregates,
             "diverged": any(r.get("diverged") for r in rows),
             "resumed": self.resume,
+            "stop_reason": self.stop_reason,
             "model": self.cfg.model.name,
             "model_parameters": self.dim,
             "dataset": self.cfg.data.dataset,
@@ -412,6 +460,11 @@ class CloudServer(pbg.CloudServiceServicer):
             "edges": self.cfg.topology.edges,
             "weights": {"edge": plans.weights_rule(self.cfg, "edge"), "cloud": plans.weights_rule(self.cfg, "cloud")},
         }
+        if self.policy is not None:
+            summary["privacy"] = self.policy.describe()
+            summary["epsilon"] = summary["privacy"]["epsilon_max"]
+            if self.policy.claimed() is not None:
+                summary["epsilon_claimed"] = self.policy.claimed()
         metrics.write_json(self.run_dir / "summary.json", summary)
         title = f"{self.cfg.run.algorithm} on {self.cfg.data.dataset} ({self.cfg.num_devices} devices, {len(self.edges)} edges)"
         try:

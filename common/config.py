@@ -66,16 +66,20 @@ class ModelSection:
 class TrainSection:
     lr: float = doc(0.05, "learning rate (mu)", min=0.0)
     batch_size: int = doc(32, "mini-batch size B", min=1)
-    tau: int = doc(4, "hierfavg: edge rounds per cloud round; qhetfed: edge gradient steps per round", min=0)
+    tau: int = doc(4, "hierfavg: edge rounds per cloud round; qhetfed: edge gradient steps per round; "
+                      "h2fdp family: SGD steps per global round (a multiple of gamma)", min=0)
     gamma: int = doc(5, "local SGD steps (or epochs, see local_unit) per local phase", min=0)
     local_unit: str = choice("steps", ("steps", "epochs"), "unit of gamma")
     torch_threads: int = doc(1, "torch intra-op threads per process", min=1)
+    participants: int = doc(0, "devices per cluster taking part in a round (s_c^k, drawn uniformly from the run seed); "
+                               "0 = every device", min=0)
 
 
 @dataclass(frozen=True)
 class AggregationSection:
     edge_weights: str = choice("auto", ("auto", "samples", "devices"), "edge averaging weights; auto = the algorithm's paper")
-    cloud_weights: str = choice("auto", ("auto", "samples", "devices"), "cloud averaging weights; auto = the algorithm's paper")
+    cloud_weights: str = choice("auto", ("auto", "samples", "devices", "equal"),
+                                "cloud averaging weights (equal: 1/N per edge); auto = the algorithm's paper")
 
 
 @dataclass(frozen=True)
@@ -114,10 +118,17 @@ class Config:
     aggregation: AggregationSection = field(default_factory=AggregationSection)
     pipeline: PipelineSection = field(default_factory=PipelineSection)
     net: NetSection = field(default_factory=NetSection)
+    privacy: "PrivacySection" = field(default_factory=lambda: _privacy_section()())
 
     @property
     def num_devices(self) -> int:
         return self.topology.edges * self.topology.devices_per_edge
+
+
+def _privacy_section():
+    from hfl.common.privacy.config import PrivacySection
+
+    return PrivacySection
 
 
 def _resolve_choices(choices: tuple[str, ...] | str) -> list[str]:
@@ -167,6 +178,17 @@ def _scalar(key: str, hint: type, value: Any) -> Any:
     return value
 
 
+def _section_class(f: dataclasses.Field) -> type | None:
+    """The dataclass of a config section field (sections of mechanism packages are built lazily)."""
+    if f.default_factory is dataclasses.MISSING:
+        return None
+    if dataclasses.is_dataclass(f.default_factory):
+        return f.default_factory
+    if str(f.type).strip("'\"") == "PrivacySection":
+        return _privacy_section()
+    return None
+
+
 def _hints(f: dataclasses.Field) -> Any:
     return f.type if not isinstance(f.type, str) else eval(f.type, {"tuple": tuple, "dict": dict})  # noqa: S307 - our own annotations
 
@@ -183,10 +205,11 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
         if name not in data:
             continue
         key = f"{prefix}.{name}" if prefix else name
-        if dataclasses.is_dataclass(f.default_factory if f.default_factory is not dataclasses.MISSING else None):
+        section = _section_class(f)
+        if section is not None:
             if not isinstance(data[name], Mapping):
                 raise ConfigError(f"[{key}] must be a table")
-            kwargs[name] = _build(f.default_factory, data[name], key)
+            kwargs[name] = _build(section, data[name], key)
         else:
             kwargs[name] = _coerce(key, f, data[name])
     return cls(**kwargs)
@@ -198,7 +221,30 @@ def from_dict(data: Mapping[str, Any], check_choices: bool = True) -> Config:
     config = _build(Config, data, "")
     if check_choices:
         validate_choices(config)
+        validate_cross(config)
     return config
+
+
+def validate_cross(config: Config) -> None:
+    """Checks across sections: the algorithm's topology needs and the privacy policy."""
+    from hfl.common import plans, topology
+    from hfl.common.privacy.config import validate_privacy
+
+    algorithm = plans.ALGORITHMS.get(config.run.algorithm)
+    if algorithm.max_edges and config.topology.edges > algorithm.max_edges:
+        raise ConfigError(f"topology.edges = {config.topology.edges}: {algorithm.name} runs one cluster "
+                          f"(at most {algorithm.max_edges} edge)")
+    if config.privacy.enabled and not algorithm.privacy:
+        private = [n for n in plans.ALGORITHMS if plans.ALGORITHMS.get(n).privacy]
+        raise ConfigError(f"privacy.enabled: {algorithm.name} adds no DP noise; use one of {', '.join(private)}")
+    if config.train.participants > config.topology.devices_per_edge:
+        raise ConfigError(f"train.participants = {config.train.participants} exceeds topology.devices_per_edge "
+                          f"= {config.topology.devices_per_edge}")
+    section = config.privacy
+    if algorithm.privacy:
+        section = dataclasses.replace(section, enabled=True, placement=algorithm.privacy,
+                                      trust=algorithm.trust or section.trust)
+    validate_privacy(section, topology.edge_ids(config), config.run.algorithm)
 
 
 def validate_choices(config: Config) -> None:
@@ -261,9 +307,12 @@ def to_toml(config: Config) -> str:
     for section, values in to_dict(config).items():
         lines.append(f"[{section}]")
         for key, value in values.items():
-            if isinstance(value, dict):
+            if isinstance(value, dict) and all(isinstance(v, dict) for v in value.values()):
                 for sub, params in value.items():
                     tables.append((f"{section}.{key}.{sub}", params))
+                continue
+            if isinstance(value, dict):
+                lines.append(f"{key} = {{ " + ", ".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in value.items()) + " }")
                 continue
             lines.append(f"{key} = {json.dumps(value)}")
         lines.append("")
@@ -279,7 +328,7 @@ def reference() -> str:
     rows = ["| key | default | meaning |", "|---|---|---|"]
     defaults = to_dict(Config())
     for section in dataclasses.fields(Config):
-        for f in dataclasses.fields(section.default_factory):
+        for f in dataclasses.fields(_section_class(section)):
             meaning = f.metadata.get("doc", "")
             choices = f.metadata.get("choices")
             if choices is not None:

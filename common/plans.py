@@ -21,8 +21,11 @@ class Algorithm:
     name: str
     plan: Callable[[object], list[pb.Phase]]
     edge_weights: str   # "samples" | "devices": the paper's choice, used when the config says "auto"
-    cloud_weights: str
+    cloud_weights: str  # ... | "equal"
     reference: str = ""
+    privacy: str = ""   # "" (no DP) | "by_trust" (H2FDP: noise at the trusted edge, else every device) | "aggregator"
+    trust: str = ""     # a level forced on every edge by the algorithm (HFL-DP: "untrusted")
+    max_edges: int = 0  # star topologies: the algorithm needs exactly one cluster
 
 
 ALGORITHMS: Registry = Registry("algorithm")
@@ -52,8 +55,36 @@ def qhetfed(cfg) -> list[pb.Phase]:
             + [local_sgd(cfg.train), phase(EDGE_MODEL_SYNC), phase(CLOUD_SYNC)])
 
 
+def h2fdp(cfg) -> list[pb.Phase]:
+    """H2FDP without control (paper 000, Alg. 2 as made implementable in the digest, section 2): tau SGD
+    steps per global round with every minibatch gradient clipped to G (privacy.clip), a local
+    aggregation every m = gamma steps; the global aggregation subsumes the last local one, so
+    K_l = tau / m - 1 (digest section 10). Who adds noise is per cluster data (RoundTask.clusters)."""
+    m, tau = cfg.train.gamma, cfg.train.tau
+    if m < 1 or tau < m or tau % m:
+        raise ValueError(f"{cfg.run.algorithm}: train.tau ({tau}) must be a positive multiple of train.gamma ({m}), "
+                         "the local aggregation period m")
+    window = [phase(LOCAL_SGD, lr=cfg.train.lr, steps=m, clip=cfg.privacy.clip), phase(EDGE_MODEL_SYNC)]
+    return window * (tau // m) + [phase(CLOUD_SYNC)]
+
+
+def dp_fedavg(cfg) -> list[pb.Phase]:
+    """User-level DP-FedAvg (McMahan et al. 2018; paper 002 P8, P9) with each trusted edge as the
+    aggregator of its cluster: local training, one update per sampled device clipped to S, the edge's
+    fixed-denominator sum plus noise, then the cloud's mean over clusters."""
+    return [local_sgd(cfg.train), phase(EDGE_MODEL_SYNC), phase(CLOUD_SYNC)]
+
+
 ALGORITHMS.register("hierfavg", Algorithm("hierfavg", hierfavg, "samples", "samples", "Liu et al., ICC 2020"))
 ALGORITHMS.register("qhetfed", Algorithm("qhetfed", qhetfed, "devices", "devices", "paper 001, Algorithm 1"))
+ALGORITHMS.register("h2fdp", Algorithm("h2fdp", h2fdp, "devices", "equal", "paper 000, Algorithm 2", "by_trust"))
+ALGORITHMS.register("hfl-dp", Algorithm("hfl-dp", h2fdp, "devices", "equal", "paper 000 baseline: every edge untrusted",
+                                        "by_trust", trust="untrusted"))
+ALGORITHMS.register("pedpfl-style", Algorithm("pedpfl-style", h2fdp, "devices", "equal",
+                                              "paper 000 baseline: star-LDP (PEDPFL-style), one cluster, local DP",
+                                              "by_trust", trust="untrusted", max_edges=1))
+ALGORITHMS.register("dp-fedavg", Algorithm("dp-fedavg", dp_fedavg, "samples", "equal",
+                                           "McMahan et al. 2018, user-level DP at a trusted aggregator", "aggregator"))
 
 
 def build_plan(cfg) -> list[pb.Phase]:
@@ -69,6 +100,10 @@ def weights_rule(cfg, tier: str) -> str:
     if chosen != "auto":
         return chosen
     return algorithm.edge_weights if tier == "edge" else algorithm.cloud_weights
+
+
+def is_private(cfg) -> bool:
+    return bool(ALGORITHMS.get(cfg.run.algorithm).privacy)
 
 
 def downlink_after(plan, step: int) -> bool:

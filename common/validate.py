@@ -18,6 +18,7 @@ MAX_ID = 64          # node ids, phase names, tensor names
 MAX_RUN_ID = 128
 MAX_TRANSFORMS = 64
 MAX_SCALARS = 64
+MAX_TRANSFORM_PARAMS = 1 << 16  # a merged DP event names every device it covers
 ECHO = 120           # longest piece of peer-supplied text echoed into a status or a log line
 
 
@@ -66,6 +67,7 @@ SCALARS.register("refused", ScalarSpec(0.0, 1e9, "messages refused since the las
 SCALARS.register("dropped", ScalarSpec(0.0, 1e7, "devices dropped from the run so far"))
 SCALARS.register("rejoined", ScalarSpec(0.0, 1e7, "devices that rejoined after a loss"))
 SCALARS.register("restarts", ScalarSpec(0.0, 1e6, "times the edge restarted its cluster's round"))
+SCALARS.register("clipped", ScalarSpec(0.0, 1e9, "uploads a trusted edge clipped to the plan's bound"))
 
 
 def check_scalars(scalars, sender: str) -> dict[str, float]:
@@ -96,7 +98,7 @@ def check_meta(meta, rounds: int, plan_len: int) -> None:
     for t in meta.transforms:
         for text, what in ((t.stage, "transform stage"), (t.name, "transform name"), (t.tier, "transform tier")):
             check_id(text, what)
-        if len(t.params) > MAX_SCALARS:
+        if len(t.params) > MAX_TRANSFORM_PARAMS:
             raise _invalid(f"transform {short(t.name)} has {len(t.params)} parameters", "bad_transforms")
         for key, value in t.params.items():
             check_id(key, "transform parameter name")

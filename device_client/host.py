@@ -19,6 +19,7 @@ from hfl.common.data import load_dataset
 from hfl.common.models import build, num_parameters
 from hfl.common.partition import partition
 from hfl.common.pipeline import Link
+from hfl.common.privacy import on_wire
 from hfl.common.seeding import numpy_rng, torch_generator
 from hfl.common.upstream import Upstream
 from hfl.proto import hfl_v1_pb2 as pb
@@ -56,8 +57,10 @@ class Device:
     rest of that round) and the death of its edge (reconnects with exponential backoff and jitter,
     registers again with `rejoin`, and takes whatever round the edge runs next)."""
 
-    def __init__(self, node_id: str, cfg, run_id: str, shard: Shard, trainer: Trainer, link: Upstream, dim: int):
+    def __init__(self, node_id: str, cfg, run_id: str, shard: Shard, trainer: Trainer, link: Upstream, dim: int,
+                 edge_id: str = ""):
         self.id = node_id
+        self.edge_id = edge_id
         self.dim = dim
         self.index = topology.device_index(node_id)
         self.cfg = cfg
@@ -91,8 +94,9 @@ class Device:
         reply, _ = await wire.read_envelope(call, self.max_bytes)
         return reply
 
-    def _upload(self, task: pb.RoundTask, step: int, name: str, vec: np.ndarray, scalars: dict) -> pb.Envelope:
+    def _upload(self, task: pb.RoundTask, step: int, name: str, vec: np.ndarray, scalars: dict, dp=()) -> pb.Envelope:
         tensor, transforms = self.uplink.send(vec, name, self.cfg.run.seed, self.index, task.round, step)
+        transforms = list(transforms) + [on_wire.to_transform(r) for r in dp]
         meta = pb.Meta(run_id=self.run_id, round=task.round, phase=task.phases[step].kind, step=step,
                        sender_id=self.id, num_samples=len(self.shard), transforms=transforms, num_devices=1,
                        attempt=task.attempt)
@@ -145,13 +149,17 @@ class Device:
         anchor = w.copy()
         losses: list[float] = []
         batch = self.cfg.train.batch_size
+        cluster = task.clusters[self.edge_id] if self.edge_id in task.clusters else pb.ClusterPlan()
+        if cluster.participants and self.id not in cluster.participants:
+            return  # not drawn this round: idle, and resynchronise from the next round's global model
+        cplan = dict(cluster.params)
         for step, phase in enumerate(task.phases):
             p = phase.params
             if phase.kind == plans.LOCAL_SGD:
                 steps = int(p["steps"]) if "steps" in p else None
                 epochs = int(p["epochs"]) if "epochs" in p else None
                 w, loss, taken = await self.trainer.run(local_sgd, w, self.shard, p["lr"], batch, self._gen(task.round, step),
-                                                        steps=steps, epochs=epochs)
+                                                        steps=steps, epochs=epochs, clip=p.get("clip", 0.0))
                 if taken:
                     losses.append(loss)
             elif phase.kind == plans.EDGE_GRADIENT_STEP:
@@ -164,13 +172,31 @@ class Device:
                 anchor = anchor - np.float32(p["lr"]) * g
             elif phase.kind == plans.EDGE_MODEL_SYNC:
                 scalars = {"train_loss": float(np.mean(losses))} if losses else {}
-                reply = await self._exchange(self._upload(task, step, "delta", w - anchor, scalars))
+                delta, dp = self._private_delta(w - anchor, cplan, task, step)
+                reply = await self._exchange(self._upload(task, step, "delta", delta, scalars, dp))
                 if plans.downlink_after(task.phases, step):
                     w, _ = self.downlink.receive(wire.single_tensor(reply, "model"), dim, self.cfg.run.seed, self.index,
                                                  task.round, step)
                     anchor = w.copy()
                 losses = []
             # cloud_sync: nothing to do on a device; the next round task carries the new global model
+
+
+    def _private_delta(self, delta: np.ndarray, cplan: dict, task: pb.RoundTask, step: int):
+        """What the round plan asks of this device: DP-FedAvg clips its update to S; behind an untrusted
+        edge it adds its own noise draw (paper 000) and records the DP event on the message."""
+        if not cplan:
+            return delta, []
+        if "fixed_denominator" in cplan:
+            delta, _ = on_wire.enforce_clip(delta, cplan.get("delta_clip", 0.0))
+        if cplan.get("trusted", 0.0) == 1.0:
+            return delta, []
+        stream = on_wire.stream_of(task.phases, step)
+        rng = numpy_rng(self.cfg.run.seed, "device", self.index, task.round, step, "dp_noise")
+        delta, z, sens = on_wire.apply_noise(delta, cplan, stream, rng)
+        if not z:
+            return delta, []
+        return delta, [on_wire.record("device", self.id, [self.id], cplan, z, sens, task.round, stream)]
 
 
 class DeviceHost:
@@ -207,7 +233,7 @@ class DeviceHost:
             devices = []
             for node in ids:
                 link = Upstream(node, self.edge_address, chunk, pbg.EdgeServiceStub, self.credentials, self.override_host)
-                device = Device(node, cfg, reply.run_id, shards[node], trainer, link, num_parameters(model))
+                device = Device(node, cfg, reply.run_id, shards[node], trainer, link, num_parameters(model), reply.cluster_id)
                 device.rejoin = rejoin
                 devices.append(device)
             log.info("%d devices ready in %.1fs", len(devices), time.monotonic() - started)

@@ -54,8 +54,9 @@ def _loss_and_backward(model: nn.Module, shard: Shard, idx: torch.Tensor) -> flo
 
 
 def local_sgd(model: nn.Module, w: np.ndarray, shard: Shard, lr: float, batch_size: int, gen: torch.Generator,
-              steps: int | None = None, epochs: int | None = None) -> tuple[np.ndarray, float, int]:
-    """Plain SGD from `w`: `steps` random mini-batches, or `epochs` passes over shuffled data.
+              steps: int | None = None, epochs: int | None = None, clip: float = 0.0) -> tuple[np.ndarray, float, int]:
+    """Plain SGD from `w`: `steps` random mini-batches, or `epochs` passes over shuffled data; with
+    clip > 0 every mini-batch gradient is scaled to L2 norm <= clip first (paper 000's G).
 
     Returns (new weights, mean mini-batch loss, steps taken)."""
     set_flat(model, w)
@@ -65,6 +66,8 @@ def local_sgd(model: nn.Module, w: np.ndarray, shard: Shard, lr: float, batch_si
     for idx in _batches(len(shard), batch_size, steps, epochs, gen):
         total += _loss_and_backward(model, shard, idx)
         count += 1
+        if clip > 0:
+            torch.nn.utils.clip_grad_norm_(params, clip)
         with torch.no_grad():
             for p in params:
                 p.add_(p.grad, alpha=-lr)

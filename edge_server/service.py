@@ -20,6 +20,8 @@ import numpy as np
 from hfl.common import config as config_mod
 from hfl.common import plans, robust, rpc, session, topology, validate, wire
 from hfl.common.pipeline import Link
+from hfl.common.privacy import on_wire
+from hfl.common.seeding import numpy_rng
 from hfl.common.service_base import Liveness, Refusals, RoundBoard, hold_presence, refuse
 from hfl.common.upstream import Upstream
 from hfl.proto import hfl_v1_pb2 as pb
@@ -36,6 +38,7 @@ class Contribution:
     vec: np.ndarray
     samples: int
     scalars: dict
+    dp: list = field(default_factory=list)  # DP events the device recorded on its upload
 
 
 @dataclass
@@ -53,8 +56,9 @@ class Barrier:
 
 class EdgeServer(pbg.EdgeServiceServicer):
     def __init__(self, node_id: str, cloud_address: str, server: rpc.Server, cloud_credentials=None,
-                 cloud_override_host: str | None = None, admit=None, wait_s: float = 300.0):
+                 cloud_override_host: str | None = None, admit=None, wait_s: float = 300.0, trust: str = ""):
         self.id = node_id
+        self.site_trust = trust  # "untrusted" lowers the cloud's policy for this site; it can never raise it
         self.index = topology.edge_index(node_id)
         self.cloud_address = cloud_address
         self.server = server
@@ -84,6 +88,10 @@ class EdgeServer(pbg.EdgeServiceServicer):
         self.losses: list[float] = []
         self.restarts = 0
         self.rejoined = 0
+        self.clipped = 0
+        self.cplan: dict[str, float] = {}
+        self.participants: set[str] = set()
+        self.dp_records: list = []
         self.joined = asyncio.Event()
         self.stop = asyncio.Event()
 
@@ -200,7 +208,8 @@ class EdgeServer(pbg.EdgeServiceServicer):
         vec, _ = self.uplink.receive(wire.single_tensor(envelope, name), self.dim, self.cfg.run.seed, self.index,
                                      self.round, meta.step)
         scalars = validate.check_scalars(envelope.scalars, node)
-        return barrier, Contribution(vec, self.samples[node], scalars)
+        dp = on_wire.from_transforms(meta.transforms, allowed={node})
+        return barrier, Contribution(vec, self.samples[node], scalars, dp)
 
     async def Exchange(self, request_iterator, context):
         # A refused message changes nothing, not even for the member it claims to come from: it may still
@@ -234,11 +243,11 @@ class EdgeServer(pbg.EdgeServiceServicer):
         self.cloud = Upstream(self.id, self.cloud_address, rpc.MAX_CHUNK, pbg.CloudServiceStub, self.cloud_credentials,
                               self.cloud_override_host)
         try:
-            reply = await self.cloud.register("")
+            reply = await self.cloud.register("", trust=self.site_trust)
         except grpc.aio.AioRpcError as exc:
             if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
                 raise
-            reply = await self.cloud.register("", rejoin=True)  # this edge restarted while the run goes on
+            reply = await self.cloud.register("", rejoin=True, trust=self.site_trust)  # restarted while the run goes on
             log.info("%s rejoined its run at round %d (restarted while the run went on)", self.id, reply.round)
         spec = json.loads(reply.spec_json)
         self.cfg = config_mod.from_dict(spec["config"], check_choices=False)
@@ -265,7 +274,7 @@ class EdgeServer(pbg.EdgeServiceServicer):
         while True:
             try:
                 if self.cloud.token is None:
-                    reply = await self.cloud.register(self.run_id, rejoin=True, timeout=10)
+                    reply = await self.cloud.register(self.run_id, rejoin=True, timeout=10, trust=self.site_trust)
                     if reply.run_id != self.run_id:
                         raise RuntimeError(f"the cloud now serves run {reply.run_id}, not {self.run_id}")
                     log.info("%s registered again with the cloud (round %d)", self.id, reply.round)
@@ -327,6 +336,13 @@ class EdgeServer(pbg.EdgeServiceServicer):
                                             task.round, -1)
         self.round = task.round
         self.attempt = 0
+        plan = task.clusters[self.id] if self.id in task.clusters else pb.ClusterPlan()
+        self.cplan = dict(plan.params)
+        self.participants = set(plan.participants) or set(self.members)
+        rate = self.cplan.get("client_rate", 1.0)
+        if rate < 1.0:  # DP-FedAvg: the trusted aggregator draws its clients (Poisson, rate q_c) itself
+            draw = numpy_rng(self.cfg.run.seed, "edge", self.index, task.round, "clients").random(len(self.members))
+            self.participants = {m for m, u in zip(self.members, draw) if u < rate}
         while True:
             result = await self._attempt(task, global_w)
             if result is not None:
@@ -341,16 +357,18 @@ class EdgeServer(pbg.EdgeServiceServicer):
         """One attempt at the cluster's part of the round; None when a lost member came back (restart)."""
         seed = self.cfg.run.seed
         self.plan = list(task.phases)
-        self.round_members = {m for m in self.members if self.live.sessions.has(m)}
+        self.round_members = {m for m in self.members if self.live.sessions.has(m) and m in self.participants}
         self.out = set()
         self.live.returned.clear()
         self.losses = []
+        self.dp_records = []
         comm_steps = [i for i, p in enumerate(self.plan) if p.kind in plans.DEVICE_UPLOAD_PHASES]
         self.barriers = {i: Barrier(i, self.plan[i].kind) for i in comm_steps}
         self.active_step = comm_steps[0] if comm_steps else None
-        device_task = pb.RoundTask()
-        device_task.CopyFrom(task)
-        device_task.attempt = self.attempt
+        device_task = pb.RoundTask(round=task.round, phases=task.phases, attempt=self.attempt)
+        if self.cplan or self.participants != set(self.members):
+            device_task.clusters[self.id].CopyFrom(pb.ClusterPlan(
+                params=self.cplan, participants=sorted(self.participants) if self.participants != set(self.members) else []))
         down = pb.Envelope(meta=pb.Meta(run_id=self.run_id, round=task.round, sender_id=self.id, attempt=self.attempt),
                            tensors=[self.downlink.send(global_w, "model", seed, self.index, task.round, -1)[0]],
                            task=device_task)
@@ -404,8 +422,7 @@ class EdgeServer(pbg.EdgeServiceServicer):
         if nodes:
             contributions = [barrier.contributions[n] for n in nodes]
             weights = [c.samples if self.edge_weights == "samples" else 1 for c in contributions]
-            agg = robust.aggregate(self.cfg.pipeline.aggregate, self.cfg.pipeline.params, [c.vec for c in contributions],
-                                   weights)
+            agg = self._private_aggregate(contributions, weights, nodes, phase, step, round_)
             self.losses.extend(c.scalars["train_loss"] for c in contributions if "train_loss" in c.scalars)
             if phase.kind == plans.EDGE_GRADIENT_STEP:
                 cluster_w = cluster_w - np.float32(phase.params["lr"]) * agg
@@ -426,18 +443,47 @@ class EdgeServer(pbg.EdgeServiceServicer):
         barrier.released.set()
         return cluster_w
 
+    def _private_aggregate(self, contributions: list[Contribution], weights: list, nodes: list[str], phase: pb.Phase,
+                           step: int, round_: int) -> np.ndarray:
+        """Aggregate as the round plan says: a trusted edge enforces the clip bound on each upload and adds one
+        noise draw to the aggregate (paper 000: local and global streams; DP-FedAvg: the fixed-denominator sum)."""
+        vecs = [c.vec for c in contributions]
+        trusted = self.cplan.get("trusted", 0.0) == 1.0 and phase.kind == plans.EDGE_MODEL_SYNC
+        for c in contributions:
+            self.dp_records.extend(c.dp)
+        if trusted:
+            for i, vec in enumerate(vecs):
+                vecs[i], over = on_wire.enforce_clip(vec, self.cplan.get("delta_clip", 0.0))
+                self.clipped += over
+        if "fixed_denominator" in self.cplan:  # sum_k p_k Delta_k, p_k = d_k / (q_c d) (paper 002, Eq. 4)
+            acc = np.zeros(self.dim, np.float64)
+            for vec, c in zip(vecs, contributions):
+                acc += c.samples * vec.astype(np.float64)
+            agg = (acc / self.cplan["fixed_denominator"]).astype(np.float32)
+        else:
+            agg = robust.aggregate(self.cfg.pipeline.aggregate, self.cfg.pipeline.params, vecs, weights)
+        if trusted:
+            stream = on_wire.stream_of(self.plan, step)
+            rng = numpy_rng(self.cfg.run.seed, "edge", self.index, round_, step, "dp_noise")
+            agg, z, sens = on_wire.apply_noise(agg, self.cplan, stream, rng)
+            if z:
+                self.dp_records.append(on_wire.record("edge", self.id, nodes, self.cplan, z, sens, round_, stream,
+                                                      self.cplan.get("client_rate", 1.0)))
+        return agg
+
     async def _submit(self, task: pb.RoundTask, step: int, delta: np.ndarray, members: set[str]) -> None:
         seed = self.cfg.run.seed
         tensor, transforms = self.backhaul.send(delta, "delta", seed, self.index, task.round, step)
+        transforms = list(transforms) + [on_wire.to_transform(r) for r in on_wire.merge(self.dp_records)]
         meta = pb.Meta(run_id=self.run_id, round=task.round, phase=plans.CLOUD_SYNC, step=step, sender_id=self.id,
                        num_samples=sum(self.samples[n] for n in members), num_devices=len(members), transforms=transforms)
         scalars = {"bytes_up": float(self.bytes_up), "bytes_down": float(self.bytes_down),
                    "refused": float(self.refusals.take()), "dropped": float(len(self.members) - len(members)),
-                   "restarts": float(self.restarts), "rejoined": float(self.rejoined)}
+                   "restarts": float(self.restarts), "rejoined": float(self.rejoined), "clipped": float(self.clipped)}
         if self.losses:
             scalars["train_loss"] = float(np.mean(self.losses))
         self.bytes_up = self.bytes_down = 0
-        self.restarts = self.rejoined = 0
+        self.restarts = self.rejoined = self.clipped = 0
         chunks = wire.chunked(pb.Envelope(meta=meta, tensors=[tensor], scalars=scalars), self.chunk_bytes)
 
         async def call():
@@ -453,9 +499,10 @@ class EdgeServer(pbg.EdgeServiceServicer):
 
 
 async def serve(node_id: str, listen: str, cloud_address: str, port_file: str | None = None, server_credentials=None,
-                cloud_credentials=None, cloud_override_host: str | None = None, admit=None, wait_s: float = 300.0) -> int:
+                cloud_credentials=None, cloud_override_host: str | None = None, admit=None, wait_s: float = 300.0,
+                trust: str = "") -> int:
     server = rpc.Server(listen, rpc.MAX_CHUNK, server_credentials)
-    edge = EdgeServer(node_id, cloud_address, server, cloud_credentials, cloud_override_host, admit, wait_s)
+    edge = EdgeServer(node_id, cloud_address, server, cloud_credentials, cloud_override_host, admit, wait_s, trust)
     pbg.add_EdgeServiceServicer_to_server(edge, server.server)
     await server.start(port_file)
     log.info("%s listening on %s", node_id, server.address)

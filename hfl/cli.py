@@ -67,7 +67,7 @@ def cmd_edge(args) -> int:
     from hfl.edge_server.service import serve
 
     tls = _tls(args, "edge")
-    return _run_async(lambda: serve(args.id, args.listen, args.cloud, args.port_file, wait_s=args.wait,
+    return _run_async(lambda: serve(args.id, args.listen, args.cloud, args.port_file, wait_s=args.wait, trust=args.trust,
                                     **tls.edge_kwargs(args.id)))
 
 
@@ -216,6 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cloud", required=True, help="cloud address HOST:PORT")
     p.add_argument("--port-file", help="write the bound port here once listening")
     p.add_argument("--wait", type=float, default=300.0, help="seconds to wait for the cloud to be SERVING")
+    p.add_argument("--trust", choices=["", "trusted", "untrusted"], default=os.environ.get("HFL_TRUST", ""),
+                   help="this site's own trust claim (default $HFL_TRUST): untrusted makes its devices add their own "
+                        "DP noise; a site can lower the cloud's policy, never raise it")
     _add_tls_args(p)
     p.set_defaults(func=cmd_edge)
 

@@ -1,0 +1,150 @@
+"""The cloud's privacy policy: trust resolved once per run, noise calibrated per cluster, each round's
+per-cluster plan (who adds which noise, who takes part), the budget check before a round, and the
+per-device ledger built from the DP events that the messages carry."""
+from __future__ import annotations
+
+import logging
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from hfl.common import plans, topology
+from hfl.common.privacy import calibration
+from hfl.common.privacy.events import DpRecord
+from hfl.common.privacy.ledger import PrivacyLedger
+from hfl.common.privacy.trust import TRUSTED, effective_trust, resolve_trust, sample_participants
+from hfl.common.seeding import numpy_rng
+from hfl.proto import hfl_v1_pb2 as pb
+
+log = logging.getLogger("hfl.privacy")
+
+DP_STAGE = "dp_event"
+
+
+class PrivacyPolicy:
+    def __init__(self, cfg, edges: Sequence[str], device_samples: Sequence[int], run_dir, claims: Mapping[str, str]):
+        self.cfg = cfg
+        self.p = p = cfg.privacy
+        self.algorithm = plans.ALGORITHMS.get(cfg.run.algorithm)
+        self.edges = list(edges)
+        self.members = {e: topology.edge_members(cfg, topology.edge_index(e)) for e in self.edges}
+        fraction = None if p.trusted_fraction == -1.0 else p.trusted_fraction
+        assigned = resolve_trust(self.edges, self.algorithm.trust or p.trust, trusted_fraction=fraction,
+                                 rng=numpy_rng(cfg.run.seed, "cloud", 0, 0, "trust"),
+                                 table=None if self.algorithm.trust else p.trust_table)
+        self.assigned = dict(assigned)
+        self.levels = {e: effective_trust(assigned[e], claims.get(e) or None) for e in self.edges}
+        for e in self.edges:
+            if self.levels[e] != assigned[e]:
+                log.warning("%s lowered its own trust to %s", e, self.levels[e])
+        devices = [d for e in self.edges for d in self.members[e]]
+        self.device_sizes = {d: int(device_samples[topology.device_index(d)]) for d in devices}
+        self.ledger = PrivacyLedger.open(run_dir, p.delta, p.accountant, devices)
+        self.settings = {e: self._calibrate(e, device_samples) for e in self.edges}
+        if self.algorithm.privacy == "aggregator" and any(v != TRUSTED for v in self.levels.values()):
+            raise ValueError("user-level DP-FedAvg needs a trusted aggregator, but "
+                             f"{sorted(e for e, v in self.levels.items() if v != TRUSTED)} are untrusted "
+                             "(a site lowered its trust?)")
+        self.stopped: str | None = None
+
+    # ---- calibration --------------------------------------------------------------------------
+    @property
+    def local_per_round(self) -> int:
+        if self.algorithm.privacy != "by_trust":
+            return 0
+        return calibration.local_aggregations_per_round(self.cfg.train.tau, self.cfg.train.gamma)
+
+    def _participants(self, edge: str) -> int:
+        return self.cfg.train.participants or len(self.members[edge])
+
+    def _calibrate(self, edge: str, device_samples: Sequence[int]) -> dict[str, calibration.NoiseSetting]:
+        p, t = self.p, self.cfg.train
+        sizes = self._sizes(edge)
+        common = dict(epsilon=p.epsilon, delta=p.delta, mode=p.calibration, accountant=p.accountant,
+                      noise_multiplier=p.noise_multiplier if p.calibration == "noise_multiplier" else None)
+        if self.algorithm.privacy == "aggregator":
+            return {"global": calibration.calibrate_dp_fedavg(rounds=self.cfg.run.rounds, client_rate=p.client_rate,
+                                                              clip=p.clip, sizes=sizes, **common)}
+        q = min(1.0, t.batch_size / max(1.0, float(np.mean(sizes))))
+        return calibration.calibrate_h2fdp(trusted=self.levels[edge] == TRUSTED, eta=t.lr, tau=t.tau, clip=p.clip,
+                                           rounds=self.cfg.run.rounds, local_per_round=self.local_per_round,
+                                           participants=self._participants(edge), q=q, c2=p.c2,
+                                           v2=None if p.v2 == -1.0 else p.v2, **common)
+
+    # ---- each round -------------------------------------------------------------------------
+    def participants(self, r: int) -> dict[str, tuple[str, ...]]:
+        out = {}
+        for e in self.edges:
+            s = self.cfg.train.participants
+            members = self.members[e]
+            out[e] = tuple(members) if not s or s >= len(members) else sample_participants(
+                members, s, numpy_rng(self.cfg.run.seed, "cloud", 0, r, "participants", e))
+        return out
+
+    def cluster_plans(self, r: int, participants: Mapping[str, Sequence[str]]) -> dict[str, pb.ClusterPlan]:
+        plans_ = {}
+        for e in self.edges:
+            params = {"trusted": float(self.levels[e] == TRUSTED), "laplace": float(self.p.mechanism == "laplace")}
+            for stream, setting in self.settings[e].items():
+                params[f"noise_z_{stream}"] = setting.noise_multiplier
+                params[f"noise_sens_{stream}"] = setting.sensitivity
+            if self.algorithm.privacy == "aggregator":
+                d = sum(self._sizes(e))
+                params.update(delta_clip=self.p.clip, client_rate=self.p.client_rate, fixed_denominator=self.p.client_rate * d)
+                listed: Sequence[str] = ()  # the trusted edge draws its clients itself (Poisson, rate q_c)
+            else:
+                # an honest upload sums m clipped minibatch steps: ||d_i|| <= eta m G, enforced by a trusted edge
+                params["delta_clip"] = self.cfg.train.lr * self.cfg.train.gamma * self.p.clip
+                listed = participants[e] if self.cfg.train.participants else ()
+            plans_[e] = pb.ClusterPlan(params=params, participants=list(listed))
+        return plans_
+
+    def _sizes(self, edge: str) -> list[int]:
+        return [self.device_sizes[d] for d in self.members[edge]]
+
+    def planned_records(self, r: int, participants: Mapping[str, Sequence[str]]) -> list[DpRecord]:
+        if self.algorithm.privacy == "aggregator":
+            return [self.settings[e]["global"].record(e, self.members[e], r) for e in self.edges]
+        return calibration.h2fdp_round_records(r, self.levels, participants, self.settings, self.local_per_round)
+
+    def refuse_round(self, r: int, participants) -> str | None:
+        """Why round r may not start (it would take a device past privacy.epsilon), or None."""
+        planned = self.planned_records(r, participants)
+        if self.ledger.would_exceed(planned, self.p.epsilon):
+            over = self.ledger.over_budget(planned, self.p.epsilon)
+            self.stopped = (f"round {r} would take {len(over)} device(s) past privacy.epsilon = {self.p.epsilon} "
+                            f"(e.g. {sorted(over)[:3]}); the run stops before it")
+            return self.stopped
+        return None
+
+    def record(self, r: int, submissions: Mapping[str, Sequence[pb.Transform]]) -> dict:
+        """Compose the DP events of round r's messages into the ledger; returns the metrics columns."""
+        records = [DpRecord.from_transform_params(dict(t.params)).replace(round=r)
+                   for node in sorted(submissions) for t in submissions[node] if t.stage == DP_STAGE]
+        self.ledger.record_round(r, records)
+        summary = self.ledger.summary()
+        row = {"epsilon_max": summary["epsilon_max"], "epsilon_mean": summary["epsilon_mean"],
+               "dp_events": len(records)}
+        if self.p.calibration == "paper":
+            row["epsilon_claimed"] = self.claimed()
+        return row
+
+    def claimed(self) -> float | None:
+        claims = [s.epsilon_claimed for e in self.edges for s in self.settings[e].values() if s.epsilon_claimed]
+        return max(claims) if claims else None
+
+    def describe(self) -> dict:
+        return {
+            "algorithm": self.algorithm.name, "placement": self.algorithm.privacy, "calibration": self.p.calibration,
+            "accountant": self.p.accountant, "epsilon_budget": self.p.epsilon, "delta": self.p.delta,
+            "trust": self.levels, "trust_assigned": self.assigned,
+            "noise": {e: {s: {"tier": v.tier, "noise_multiplier": v.noise_multiplier, "sensitivity": v.sensitivity,
+                              "std": v.std, "releases": v.releases, "sampling_rate": v.sampling_rate,
+                              "epsilon_planned": v.epsilon, "epsilon_claimed": v.epsilon_claimed}
+                          for s, v in self.settings[e].items()} for e in self.edges},
+            "epsilon_label": ("epsilon: the accountant (dp-accounting) on the noise really added; epsilon_claimed: "
+                              "the paper's arithmetic, not a measurement") if self.p.calibration == "paper" else
+                             "epsilon: the accountant (dp-accounting) on the noise really added",
+            **{f"epsilon_{k.split('_')[1]}": v for k, v in self.ledger.summary().items()},
+            "stopped": self.stopped,
+        }

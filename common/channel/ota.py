@@ -264,10 +264,12 @@ def own_downlink_fading(topology: Topology, slot: int, seed: int, devices, param
     return rayleigh(seed, slot, topology.device_edge[devices], devices, "down", params.sigma_d2, params.fading)
 
 
-def slot_activity(topology: Topology, slot: int, seed: int, params: OtaParams) -> np.ndarray:
-    """Active mask over every device of the plane for an uplink slot (eq. 15 test + empty-set fallback)."""
+def slot_activity(topology: Topology, slot: int, seed: int, params: OtaParams, alive=None) -> np.ndarray:
+    """Active mask over every device of the plane for an uplink slot (eq. 15 test + empty-set fallback).
+    alive: optional [n_devices] mask of devices still in the round (interferers are always alive)."""
     every = np.arange(topology.n_devices)
-    return active_mask(own_uplink_fading(topology, slot, seed, every, params), topology.device_edge, params.th1)
+    return active_mask(own_uplink_fading(topology, slot, seed, every, params), topology.device_edge, params.th1,
+                       alive)
 
 
 def uplink_gains(topology: Topology, slot: int, seed: int, tx_devices, rx_edges, params: OtaParams,
@@ -295,10 +297,11 @@ class Reception:
     signal_power: np.ndarray  # per-entry power of the own-cluster (own-edge) part
     interference_power: np.ndarray  # per-entry power of everything else except noise
     interferers_active: int  # transmitting devices / edges of non-collaborating clusters
+    missing: np.ndarray  # uplink: active collaborating devices that did not transmit
 
 
 def medium_slot(payloads: np.ndarray, tx_devices, topology: Topology, slot: int, seed: int, params: OtaParams,
-                rng: np.random.Generator, receivers=None) -> Reception:
+                rng: np.random.Generator, receivers=None, alive=None) -> Reception:
     """One OTA uplink slot (paper 003, eq. 14): every receiving edge gets the exact superposition of every
     transmitting device in the plane, plus the non-collaborating clusters' iid N(0,1) payloads under the
     same power control (digest 10.8), plus CN(0, sigma_en^2) noise.
@@ -306,6 +309,9 @@ def medium_slot(payloads: np.ndarray, tx_devices, topology: Topology, slot: int,
     payloads: [n_tx, d] normalised rows of the transmitting collaborating devices `tx_devices`, which must
     be exactly the active devices of their clusters (a missing active device would bias the estimator).
     receivers: edges to compute (default: the C collaborating edges).
+    alive: [n_devices] mask of devices still in the round (default all); activity is decided among them.
+    n_active of a collaborating edge counts the transmitters actually given; `missing` lists active
+    collaborating devices that did not transmit (the caller decides what to do about them).
     """
     payloads = np.atleast_2d(np.asarray(payloads))
     tx = np.asarray(tx_devices, dtype=np.int64).reshape(-1)
@@ -317,11 +323,19 @@ def medium_slot(payloads: np.ndarray, tx_devices, topology: Topology, slot: int,
         raise ValueError("tx_devices must not repeat")
     if np.any(topology.device_edge[tx] >= topology.collaborating):
         raise ValueError("tx_devices must belong to collaborating clusters (interferers are simulated here)")
-    active = slot_activity(topology, slot, seed, params)
+    if alive is not None:
+        alive = np.asarray(alive, dtype=bool) | (topology.device_edge >= topology.collaborating)
+    active = slot_activity(topology, slot, seed, params, alive)
     if not np.all(active[tx]):
         raise ValueError(f"devices {tx[~active[tx]].tolist()} are not active in slot {slot}")
     rx = np.arange(topology.collaborating) if receivers is None else np.asarray(receivers, dtype=np.int64)
-    n_active = np.bincount(topology.device_edge[active], minlength=topology.n_edges)[rx]
+    counts = np.bincount(topology.device_edge[active], minlength=topology.n_edges)
+    counts[:topology.collaborating] = np.bincount(topology.device_edge[tx], minlength=topology.n_edges)[
+        :topology.collaborating]
+    n_active = counts[rx]
+    sent = np.zeros(topology.n_devices, dtype=bool)
+    sent[tx] = True
+    missing = np.flatnonzero(active & ~sent & (topology.device_edge < topology.collaborating))
     d = payloads.shape[1]
     rho = rho_for(topology, params)
 
@@ -340,7 +354,7 @@ def medium_slot(payloads: np.ndarray, tx_devices, topology: Topology, slot: int,
     if params.noise and params.sigma_en2 > 0:
         received += awgn(received.shape, params.sigma_en2, rng)
     return Reception(received, rx, n_active, np.mean(np.abs(signal) ** 2, axis=1), interference_power,
-                     int(interferers.size if params.interference else 0))
+                     int(interferers.size if params.interference else 0), missing)
 
 
 def medium_broadcast(edge_signals: np.ndarray, tx_edges, rx_devices, topology: Topology, slot: int, seed: int,
@@ -385,7 +399,7 @@ def medium_broadcast(edge_signals: np.ndarray, tx_edges, rx_devices, topology: T
     if params.noise and params.sigma_dn2 > 0:
         received += awgn(received.shape, params.sigma_dn2, rng)
     return Reception(received, rx, np.zeros(0, dtype=np.int64), np.mean(np.abs(signal) ** 2, axis=1),
-                     interference_power, int(others.size if params.interference else 0))
+                     interference_power, int(others.size if params.interference else 0), np.zeros(0, dtype=np.int64))
 
 
 def edge_transmit(received: np.ndarray, P_d: float, E) -> np.ndarray:

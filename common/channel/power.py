@@ -45,19 +45,23 @@ def denormalise(s_bar: np.ndarray, mu: np.ndarray, sigma: np.ndarray) -> np.ndar
     return np.atleast_2d(s_bar) * np.asarray(sigma)[:, None] + np.asarray(mu)[:, None]
 
 
-def active_mask(own_fading: np.ndarray, cluster: np.ndarray, th1: float) -> np.ndarray:
+def active_mask(own_fading: np.ndarray, cluster: np.ndarray, th1: float, eligible=None) -> np.ndarray:
     """Activity indicator |f_{y->x}|^2 >= th1 (paper 003, eq. 15), with the empty-cluster fallback of
-    digest 2.3 / 10.11: if no device of a cluster passes, its device with the largest |f| transmits."""
+    digest 2.3 / 10.11: if no device of a cluster passes, its device with the largest |f| transmits.
+
+    eligible: devices still alive in the round (a failed th0 test drops a device, digest 2.3 step 7);
+    only they can be active or be the fallback. A cluster with no eligible device stays empty."""
     if th1 < 0:
         raise ValueError(f"th1 must be >= 0, got {th1}")
     gain = np.abs(np.asarray(own_fading)) ** 2
     cluster = np.asarray(cluster, dtype=np.int64)
-    active = gain >= th1
+    eligible = np.ones(gain.shape, dtype=bool) if eligible is None else np.asarray(eligible, dtype=bool)
+    active = (gain >= th1) & eligible
     n_clusters = int(cluster.max()) + 1 if cluster.size else 0
     any_active = np.bincount(cluster, weights=active, minlength=n_clusters) > 0
-    empty = np.flatnonzero(~any_active & (np.bincount(cluster, minlength=n_clusters) > 0))
+    empty = np.flatnonzero(~any_active & (np.bincount(cluster, weights=eligible, minlength=n_clusters) > 0))
     if len(empty):
-        order = np.lexsort((-gain, cluster))  # by cluster, best gain first
+        order = np.lexsort((-np.where(eligible, gain, -1.0), cluster))  # by cluster, best eligible gain first
         first = np.searchsorted(cluster[order], empty)
         active[order[first]] = True
     return active

@@ -212,3 +212,16 @@ def test_medium_refuses_bad_emissions():
         OtaParams(alpha=2.0)
     with pytest.raises(ValueError, match="P_u"):
         OtaParams(P_u=-1.0)
+
+
+def test_alive_mask_and_missing_transmitters():
+    top = _topology()
+    tx = _active_tx(top, SLOT)
+    alive = np.ones(top.n_devices, dtype=bool)
+    alive[tx[0]] = False  # dropped after a failed th0 test earlier in the round
+    rng = np.random.default_rng(0)
+    with pytest.raises(ValueError, match="not active"):
+        ota.medium_slot(np.zeros((tx.size, 8)), tx, top, SLOT, SEED, QUIET, rng, alive=alive)
+    rec = ota.medium_slot(np.zeros((tx.size - 2, 8)), tx[1:-1], top, SLOT, SEED, QUIET, rng, alive=alive)
+    assert rec.missing.tolist() == [tx[-1]]  # active, alive, but no payload arrived
+    assert rec.n_active.sum() == tx.size - 2  # |A| counts what was actually superposed

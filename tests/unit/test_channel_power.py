@@ -76,3 +76,10 @@ def test_bad_inputs_raise():
     with pytest.raises(ValueError, match="r0"):
         ring_moment(ALPHA, 30.0, 4.0)
     assert exp1(TH1) == pytest.approx(0.5598, abs=1e-4)
+
+
+def test_dropped_devices_are_never_active_nor_the_fallback():
+    f = np.array([0.1, 2.0, 0.2, 0.3, 0.05])
+    cluster = np.array([0, 0, 0, 1, 1])
+    alive = np.array([True, False, True, False, False])  # device 1 has the best channel but dropped out
+    assert active_mask(f, cluster, 0.5, alive).tolist() == [False, False, True, False, False]

@@ -22,7 +22,7 @@ from hfl.proto import hfl_v1_pb2 as pb
 from hfl.proto import hfl_v1_pb2_grpc as pbg
 
 from .conftest import SMALL
-from .rawclient import RawDevice, RawEdge
+from .rawclient import RawDevice, RawEdge, stream
 
 OVERRIDES = SMALL + ["topology.hosts_per_edge=3", "train.tau=1", "run.rounds=2", "net.max_message_mb=1"]
 PLAYED = ["devices-001-1", "devices-001-2"]  # dev-00004 and dev-00005
@@ -131,7 +131,11 @@ def corpus(tb, a: RawDevice, b: RawDevice, round_: int, step: int, kind: str, go
         vec[at] = value
         return wire.encode(vec, encoding, "delta")
 
-    X = b.exchange  # as b, with b's own session token
+    def X(payload, metadata=None):
+        """Exchange as b, with b's own session token; a deadline, since an accepted upload waits at the barrier."""
+        call = b.stub.Exchange(iter(stream(payload)), metadata=metadata or b.metadata, timeout=10)
+        return wire.read_envelope_sync(call)[0]
+
     channel = b.channel
 
     # -- malformed bytes, truncated and empty streams ------------------------------------------------------
@@ -289,8 +293,14 @@ def corpus(tb, a: RawDevice, b: RawDevice, round_: int, step: int, kind: str, go
          lambda: X(env(transforms=[tr(**{BIG_ID: 1.0})])), short_detail=True)
     case("too many transforms", S.INVALID_ARGUMENT,
          lambda: X(env(transforms=[tr()] * (validate.MAX_TRANSFORMS + 1))))
-    case("too many transform params", S.INVALID_ARGUMENT,
-         lambda: X(env(transforms=[tr(**{f"p{i}": 1.0 for i in range(validate.MAX_SCALARS + 1)})])))
+    many = getattr(validate, "MAX_TRANSFORM_PARAMS", validate.MAX_SCALARS) + 1
+    too_many = env(transforms=[tr(**{f"{i:x}": 1.0 for i in range(many)})])
+    case(f"too many transform params ({many})",
+         S.INVALID_ARGUMENT if too_many.ByteSize() <= MIB else S.RESOURCE_EXHAUSTED, lambda: X(too_many))
+    dp = lambda **params: pb.Transform(stage="dp_event", name="gaussian", tier="device", params=params)
+    case("DP event that does not parse", S.INVALID_ARGUMENT, lambda: X(env(transforms=[dp(x=1.0)])))
+    case("DP event covering another cluster's device", S.INVALID_ARGUMENT, lambda: X(env(transforms=[
+        dp_event(["dev-00000"])])))
 
     # -- the cloud, while edge-001 cannot have submitted round 0 ----------------------------------------------
     rogue = RawEdge(cloud_addr)
@@ -371,6 +381,13 @@ def abandoned_upload(dev: RawDevice, payload: bytes):
         return list(call)
     finally:
         release.set()
+
+
+def dp_event(covers: list[str]) -> pb.Transform:
+    from hfl.common.privacy import on_wire
+
+    rec = on_wire.record("device", covers[0], covers, {}, 1.0, 1.0, 0, "global")
+    return on_wire.to_transform(rec)
 
 
 def sq_with_inf_range(dim: int) -> pb.Tensor:

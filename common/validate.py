@@ -31,7 +31,11 @@ def short(text: object, limit: int = ECHO) -> str:
 
 
 def truncate(message: str, limit: int = 600) -> str:
-    return message if len(message) <= limit else message[:limit] + f"... ({len(message)} chars)"
+    """At most `limit` bytes of UTF-8 (an attacker's 4-byte characters must not make a status detail long)."""
+    raw = message.encode("utf-8", "replace")
+    if len(raw) <= limit:
+        return message
+    return raw[:limit].decode("utf-8", "ignore") + f"... ({len(message)} chars)"
 
 
 def _invalid(message: str, reason: str) -> WireError:

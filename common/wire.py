@@ -9,6 +9,7 @@ from typing import AsyncIterator, Iterator
 
 import grpc
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from hfl.proto import hfl_v1_pb2 as pb
 
@@ -116,12 +117,16 @@ async def read_envelope(chunks: AsyncIterator[pb.Chunk], max_bytes: int) -> tupl
     """Reassemble a chunk stream, refusing payloads over `max_bytes` before they are buffered whole."""
     parts = []
     size = 0
-    async for chunk in chunks:
-        size += len(chunk.data)
-        if size > max_bytes:
-            raise WireError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                            f"payload exceeds the {max_bytes} byte limit", "oversized")
-        parts.append(chunk.data)
+    try:
+        async for chunk in chunks:
+            size += len(chunk.data)
+            if size > max_bytes:
+                raise WireError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"payload exceeds the {max_bytes} byte limit", "oversized")
+            parts.append(chunk.data)
+    except DecodeError as exc:  # gRPC's own parse of a stream message that is not a Chunk
+        raise WireError(grpc.StatusCode.INVALID_ARGUMENT, f"malformed stream message: {str(exc)[:200]}",
+                        "malformed") from None
     return parse_envelope(b"".join(parts)), size
 
 

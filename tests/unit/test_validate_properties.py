@@ -3,7 +3,9 @@ nothing but WireError, what they accept is within bounds, and what they echo bac
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
+import resource
 
 import grpc
 import numpy as np
@@ -136,6 +138,21 @@ def test_decode_vector_of_arbitrary_tensors(tensor):
         assert out.shape == (DIM,) and out.dtype == np.float32 and np.isfinite(out).all()
 
 
+@contextlib.contextmanager
+def memory_cap(extra: int = 1 << 30):
+    """Cap this process's address space at its current size + `extra` while decoding hostile input, so that a
+    header that makes the decoder allocate tens of GiB fails fast (MemoryError) instead of filling the machine."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    with open("/proc/self/status") as fh:
+        vm = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmSize:"))
+    cap = vm + extra if hard == resource.RLIM_INFINITY else min(vm + extra, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
 QUANTIZING = sorted(set(wire.CODECS.names()) - {"float32", "float16"})
 CODEC_PARAMS = {"qsgd": {"levels": 4}, "sq": {"bits": 3}, "dpsq": {"bits": 3, "epsilon1": 1.0},
                 "laplace-sq": {"bits": 3, "epsilon1": 1.0}}
@@ -152,7 +169,7 @@ def test_quantized_payloads_with_corrupted_bytes(encoding, flips, seed):
     for pos, value in flips:
         data[pos % len(data)] = value
     tensor.data = bytes(data)
-    with np.errstate(all="ignore"):
+    with np.errstate(all="ignore"), memory_cap():
         out = refused(wire.decode_vector, tensor, DIM)
     if not isinstance(out, wire.WireError):
         assert out.shape == (DIM,) and np.isfinite(out).all()
@@ -290,3 +307,19 @@ def test_a_huge_tensor_name_is_not_echoed_at_length(field):
     for detail in refusals:
         if len(detail) >= 1024:
             raise AssertionError(f"a {len(detail)}-byte status detail: {detail[:100]!r}...")
+
+
+def test_a_qsgd_bucket_size_from_the_header_does_not_drive_an_allocation():
+    """qsgd header with bucket = 2**32 - 1 (>= length, so one norm passes the side-count check): the decoder
+    repeats the norm `bucket` times (32 GiB of float64) before cutting it to the vector's length. A single
+    hostile upload must be refused INVALID_ARGUMENT (or decoded with bounded memory), not raise MemoryError."""
+    vec = np.random.default_rng(0).normal(size=DIM).astype(np.float32)
+    tensor = wire.encode(vec, "qsgd", "delta", np.random.default_rng(0), levels=4)
+    data = bytearray(tensor.data)
+    bucket_at = 1 + data[0] + 1 + 1 + 4 + 8  # name, version, width, levels, length
+    data[bucket_at:bucket_at + 4] = (2 ** 32 - 1).to_bytes(4, "little")
+    tensor.data = bytes(data)
+    with memory_cap():
+        out = refused(wire.decode_vector, tensor, DIM)
+    if not isinstance(out, wire.WireError):
+        assert out.shape == (DIM,) and np.isfinite(out).all()

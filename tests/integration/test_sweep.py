@@ -7,14 +7,14 @@ import sys
 SMOKE = pathlib.Path(__file__).resolve().parents[2] / "deploy" / "experiments" / "smoke.toml"
 
 
-def sweep(out, timeout=240):
-    return subprocess.run([sys.executable, "-m", "hfl.cli", "sweep", str(SMOKE), "--out", str(out), "--quiet"],
+def sweep(out, *args, timeout=240):
+    return subprocess.run([sys.executable, "-m", "hfl.cli", "sweep", str(SMOKE), "--out", str(out), "--quiet", *args],
                           capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
 def test_smoke_sweep_tabulates_plots_and_resumes(tmp_path):
     out = tmp_path / "sweep"
-    first = sweep(out)
+    first = sweep(out, "--jobs", "2")  # two testbeds at a time
     assert first.returncode == 0, first.stderr[-3000:]
     assert "4 to run, 0 already finished" in first.stderr
     table = (out / "results.md").read_text()

@@ -195,7 +195,9 @@ def expand(spec: Spec, out: pathlib.Path) -> list[Run]:
         try:
             first = config_mod.from_dict(_nest(flat))
         except config_mod.ConfigError as exc:
-            raise SweepError(f"{where}: {exc}") from None
+            hint = (" (a variant name with a dot needs quotes: [variants.\"a.b\"])"
+                    if variant is not None and "the top level" in str(exc) else "")
+            raise SweepError(f"{where}: {exc}{hint}") from None
         for seed in spec.seeds if spec.seeds is not None else [first.run.seed]:
             cfg = config_mod.from_dict(_nest({**flat, "run.seed": seed, "run.name": f"{spec.name}-{cell}"}))
             runs.append(Run(cell, varied, seed, cfg, out / cell / f"seed-{seed}"))

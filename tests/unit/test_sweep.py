@@ -85,6 +85,8 @@ def test_the_shipped_smoke_spec_is_valid_and_small():
     ("[report]\nfields = [1]", "report.fields must be a list of names"),
     ("[grid]\n'run.algorithm' = ['hierfavg']\n[variants.a]\n'run.algorithm' = 'qhetfed'", "which [grid] varies too"),
     ("[variants.'a b']\n'run.rounds' = 1", "a variant name may hold"),
+    ("[variants.a.b]\n'run.rounds' = 1", "unknown key 'b'; allowed keys in the top level: run, topology"),
+    ("[variants.a.b]\n'run.rounds' = 1", 'a variant name with a dot needs quotes: [variants."a.b"]'),
     ("[grid\n", "s.toml"),
 ])
 def test_bad_specs_name_the_key(tmp_path, text, message):
@@ -171,3 +173,8 @@ def test_finished_runs_are_skipped_and_a_changed_spec_is_caught(tmp_path, capsys
 def test_mean_std():
     assert sweep.mean_std([1.0, None, 3.0, float("nan")]) == {"mean": 2.0, "std": pytest.approx(2 ** 0.5), "n": 2}
     assert sweep.mean_std([]) == {"mean": None, "std": None, "n": 0}
+
+
+@pytest.mark.parametrize("path", sorted(SMOKE.parent.glob("*.toml")), ids=lambda p: p.name)
+def test_every_shipped_spec_expands(path):
+    assert sweep.expand(sweep.load_spec(path), pathlib.Path("/nonexistent/out"))

@@ -426,6 +426,8 @@ def run_sweep(spec_path: str | pathlib.Path, out: str | pathlib.Path | None = No
                 acc = summary.get("final_accuracy")
                 line = f"done {label}: final accuracy {'-' if acc is None else f'{acc:.4f}'}"
             except Exception as exc:  # one failed run must not cost the others
+                if stopping.is_set():
+                    return
                 with lock:
                     errors[run.run_dir] = f"{exc.__class__.__name__}: {exc}"
                 line = f"FAILED {label}: {str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__}"

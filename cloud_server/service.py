@@ -30,7 +30,7 @@ from hfl.common.models import build, get_flat, init_parameters, num_parameters
 from hfl.common.partition import partition
 from hfl.common.pipeline import Link
 from hfl.common.seeding import numpy_rng, torch_generator
-from hfl.common.service_base import Liveness, Refusals, RoundBoard, hold_presence, refuse
+from hfl.common.service_base import Guarded, Liveness, Refusals, RoundBoard, hold_presence, refuse
 from hfl.device_client.training import evaluate, make_shard
 from hfl.proto import hfl_v1_pb2 as pb
 
@@ -49,7 +49,7 @@ class EdgeResult:
     transforms: list = field(default_factory=list)  # what was applied on the way, DP events included
 
 
-class CloudServer(pbg.CloudServiceServicer):
+class CloudServer(pbg.CloudServiceServicer, Guarded):
     def __init__(self, cfg: config_mod.Config, run_dir: pathlib.Path, server: rpc.Server, admit=None,
                  resume: bool = False):
         self.cfg = cfg
@@ -484,7 +484,7 @@ async def serve(cfg: config_mod.Config, listen: str, run_dir: str, port_file: st
         (out / "config.toml").write_text(config_mod.to_toml(cfg))
     server = rpc.Server(listen, rpc.MAX_CHUNK, server_credentials)
     cloud = CloudServer(cfg, out, server, admit, resume)
-    pbg.add_CloudServiceServicer_to_server(cloud, server.server)
+    rpc.add_servicer(pbg.add_CloudServiceServicer_to_server, cloud, server.server, cloud.malformed)
     await server.start(port_file)
     log.info("cloud listening on %s", server.address)
     try:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import pathlib
 import time
@@ -70,6 +71,67 @@ class Server:
     async def stop(self, grace: float) -> None:
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace)
+
+
+class _Capture:
+    """Stands in for a grpc server while a generated add_*Servicer_to_server registers its handlers."""
+
+    def __init__(self) -> None:
+        self.handlers: dict[str, dict] = {}
+
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        pass
+
+    def add_registered_method_handlers(self, service: str, handlers: dict) -> None:
+        self.handlers[service] = handlers
+
+
+_MALFORMED = object()
+
+
+def add_servicer(add_fn, servicer, server: grpc.aio.Server, on_malformed) -> None:
+    """Register a servicer like the generated `add_fn` does, but a unary request that does not parse reaches
+    `on_malformed(context)` (which refuses it: INVALID_ARGUMENT, counted) instead of failing inside gRPC
+    as UNKNOWN. Streamed requests are guarded where they are read (wire.read_envelope)."""
+    capture = _Capture()
+    add_fn(servicer, capture)
+    for service, handlers in capture.handlers.items():
+        guarded = {}
+        for name, h in handlers.items():
+            if h.request_streaming:
+                guarded[name] = h
+                continue
+
+            def safe(data, parse=h.request_deserializer):
+                try:
+                    return parse(data)
+                except Exception:  # noqa: BLE001 - any undecodable request is the peer's fault
+                    return _MALFORMED
+
+            if h.unary_unary is not None:
+                async def unary(request, context, fn=h.unary_unary):
+                    if request is _MALFORMED:
+                        await on_malformed(context)
+                    return await fn(request, context)
+
+                guarded[name] = h._replace(request_deserializer=safe, unary_unary=unary)
+            elif inspect.isasyncgenfunction(h.unary_stream):
+                async def stream(request, context, fn=h.unary_stream):
+                    if request is _MALFORMED:
+                        await on_malformed(context)
+                    async for item in fn(request, context):
+                        yield item
+
+                guarded[name] = h._replace(request_deserializer=safe, unary_stream=stream)
+            else:
+                async def writer(request, context, fn=h.unary_stream):
+                    if request is _MALFORMED:
+                        await on_malformed(context)
+                    return await fn(request, context)
+
+                guarded[name] = h._replace(request_deserializer=safe, unary_stream=writer)
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, guarded),))
+        server.add_registered_method_handlers(service, guarded)
 
 
 def channel(address: str, chunk_bytes: int, credentials: grpc.ChannelCredentials | None = None,

@@ -88,6 +88,16 @@ async def refuse(context: grpc.aio.ServicerContext, refusals: Refusals, exc: wir
     await context.abort(exc.code, detail)
 
 
+class Guarded:
+    """Mixin: what a servicer does with a request gRPC could not parse (see rpc.add_servicer)."""
+
+    refusals: Refusals
+
+    async def malformed(self, context) -> None:
+        await refuse(context, self.refusals, wire.WireError(grpc.StatusCode.INVALID_ARGUMENT,
+                                                            "malformed request: not a valid message", "malformed"))
+
+
 class Liveness:
     """Which nodes below a server hold a live session, which were lost mid-round and since when, and
     which are absent (lost for longer than the grace period: not waited for until they register again).

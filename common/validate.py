@@ -64,7 +64,7 @@ class ScalarSpec:
 
 
 SCALARS: Registry = Registry("scalar")
-SCALARS.register("train_loss", ScalarSpec(0.0, 1e4, "mean mini-batch training loss"))
+SCALARS.register("train_loss", ScalarSpec(0.0, 1e12, "mean mini-batch training loss (a diverging model is reported, not refused)"))
 SCALARS.register("bytes_up", ScalarSpec(0.0, 1e15, "payload bytes received from devices since the last report"))
 SCALARS.register("bytes_down", ScalarSpec(0.0, 1e15, "payload bytes sent to devices since the last report"))
 SCALARS.register("refused", ScalarSpec(0.0, 1e9, "messages refused since the last report"))

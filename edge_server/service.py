@@ -22,7 +22,7 @@ from hfl.common import plans, robust, rpc, session, topology, validate, wire
 from hfl.common.pipeline import Link
 from hfl.common.privacy import on_wire
 from hfl.common.seeding import numpy_rng
-from hfl.common.service_base import Liveness, Refusals, RoundBoard, hold_presence, refuse
+from hfl.common.service_base import Guarded, Liveness, Refusals, RoundBoard, hold_presence, refuse
 from hfl.common.upstream import Upstream
 from hfl.proto import hfl_v1_pb2 as pb
 from hfl.proto import hfl_v1_pb2_grpc as pbg
@@ -54,7 +54,7 @@ class Barrier:
     reply_size: int = 0
 
 
-class EdgeServer(pbg.EdgeServiceServicer):
+class EdgeServer(pbg.EdgeServiceServicer, Guarded):
     def __init__(self, node_id: str, cloud_address: str, server: rpc.Server, cloud_credentials=None,
                  cloud_override_host: str | None = None, admit=None, wait_s: float = 300.0, trust: str = ""):
         self.id = node_id
@@ -503,7 +503,7 @@ async def serve(node_id: str, listen: str, cloud_address: str, port_file: str | 
                 trust: str = "") -> int:
     server = rpc.Server(listen, rpc.MAX_CHUNK, server_credentials)
     edge = EdgeServer(node_id, cloud_address, server, cloud_credentials, cloud_override_host, admit, wait_s, trust)
-    pbg.add_EdgeServiceServicer_to_server(edge, server.server)
+    rpc.add_servicer(pbg.add_EdgeServiceServicer_to_server, edge, server.server, edge.malformed)
     await server.start(port_file)
     log.info("%s listening on %s", node_id, server.address)
     started = time.monotonic()

@@ -101,7 +101,8 @@ def summarise(epsilons: Mapping[str, float]) -> dict[str, float]:
     values = list(epsilons.values())
     if not values:
         return {"epsilon_max": 0.0, "epsilon_mean": 0.0}
-    return {"epsilon_max": float(max(values)), "epsilon_mean": float(sum(values) / len(values))}
+    top = float(max(values))
+    return {"epsilon_max": top, "epsilon_mean": min(top, float(sum(values) / len(values)))}  # no rounding past max
 
 
 def epsilon_of_releases(releases: Iterable[tuple[str, float, float, int]], delta: float,

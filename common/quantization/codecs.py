@@ -174,7 +174,8 @@ class QSGDCodec(QuantizingCodec):
         return Payload(self.name, self.width({"levels": levels}), levels, codes.size, bucket_size, norms, codes)
 
     def dequantize(self, p: Payload) -> np.ndarray:
-        return qsgd_mod.qsgd_dequantize(p.side, p.indices, p.levels, p.bucket)
+        # a bucket over the length is one bucket: the header must not size an allocation beyond the payload
+        return qsgd_mod.qsgd_dequantize(p.side, p.indices, p.levels, min(p.bucket, p.length))
 
     def check(self, p: Payload, tensor: pb.Tensor) -> None:
         if not 1 <= p.levels <= qsgd_mod.MAX_LEVELS or p.width != qsgd_mod.code_width(p.levels):

@@ -469,6 +469,10 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
         title = f"{self.cfg.run.algorithm} on {self.cfg.data.dataset} ({self.cfg.num_devices} devices, {len(self.edges)} edges)"
         try:
             metrics.plot_accuracy(rows, self.run_dir / "accuracy.png", title)
+            if self.policy is not None:
+                metrics.plot_privacy(rows, self.run_dir / "privacy.png", f"{self.cfg.run.algorithm}: privacy spent "
+                                     f"({self.cfg.privacy.calibration} calibration)", self.cfg.privacy.epsilon,
+                                     self.policy.claimed())
         except Exception:  # a plot must never cost the results
             log.exception("could not draw the accuracy plot")
         log.info("finished: final accuracy %s after %d rounds in %.1fs", summary["final_accuracy"], len(rows),

@@ -79,3 +79,33 @@ def plot_accuracy(rows: Iterable[dict[str, Any]], path: pathlib.Path, title: str
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def plot_privacy(rows: Iterable[dict[str, Any]], path: pathlib.Path, title: str, budget: float,
+                 claimed: float | None = None) -> None:
+    """epsilon spent per round (the accountant's max and mean over devices) against the budget, and the
+    paper's claim as a separate, labelled line when there is one."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in rows if r.get("epsilon_max") is not None]
+    x = [r["round"] + 1 for r in rows]
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=110)
+    ax.plot(x, [r["epsilon_max"] for r in rows], marker="o", label="epsilon max over devices (accountant)")
+    ax.plot(x, [r["epsilon_mean"] for r in rows], ls="--", label="epsilon mean over devices (accountant)")
+    ax.axhline(budget, color="tab:red", alpha=0.6, label=f"budget {budget:g}")
+    if claimed is not None:
+        ax.axhline(claimed, color="tab:gray", ls=":", label=f"paper's claim {claimed:g} (not measured)")
+    values = [r["epsilon_max"] for r in rows if r["epsilon_max"] > 0] + [budget]
+    if values and max(values) / min(values) > 50:
+        ax.set_yscale("log")  # the paper's claim and the accountant's figure can be orders of magnitude apart
+    ax.set_xlabel("global round")
+    ax.set_ylabel("epsilon")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

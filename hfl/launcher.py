@@ -25,16 +25,19 @@ def _table(bed: Testbed, rows: list[dict], started: float, phase: str) -> Table:
     table = Table(title=f"hfl run: {cfg.run.algorithm}, {cfg.topology.edges} edges x {cfg.topology.devices_per_edge} devices, "
                         f"{cfg.data.dataset} / {cfg.model.name}", caption=phase, title_justify="left",
                   caption_justify="left")
-    for col in ("round", "accuracy", "loss", "train loss", "bytes up", "bytes down", "refused", "round time"):
+    private = any("epsilon_max" in r for r in rows)
+    columns = ("round", "accuracy", "loss", "train loss", "bytes up", "bytes down", "refused", "round time")
+    for col in columns + (("epsilon (max)",) if private else ()):
         table.add_column(col, justify="right")
     for r in rows[-12:]:
         acc = "-" if r["accuracy"] is None else f"{100 * r['accuracy']:.2f}%"
         loss = "-" if r["loss"] is None else f"{r['loss']:.4f}"
         train = "-" if r.get("train_loss") is None else f"{r['train_loss']:.4f}"
+        eps = (f"{r['epsilon_max']:.3g}",) if private else ()
         table.add_row(f"{r['round'] + 1}/{cfg.run.rounds}", acc, loss, train, _fmt_bytes(r["bytes_up"]),
-                      _fmt_bytes(r["bytes_down"]), str(r["refused"]), f"{r['round_seconds']:.1f}s")
+                      _fmt_bytes(r["bytes_down"]), str(r["refused"]), f"{r['round_seconds']:.1f}s", *eps)
     if len(rows) < cfg.run.rounds and phase != "done":
-        table.add_row(f"{len(rows) + 1}/{cfg.run.rounds}", "...", "", "", "", "", "", "")
+        table.add_row(f"{len(rows) + 1}/{cfg.run.rounds}", "...", *[""] * (len(columns) - 2 + private))
     table.caption = f"{phase}, {time.monotonic() - started:.1f}s since launch"
     return table
 
@@ -59,9 +62,10 @@ def run_with_progress(config, overrides, out=None, quiet: bool = False, certs: s
             for row in bed.iter_metrics(timeout=24 * 3600):
                 rows.append(row)
                 acc = "-" if row["accuracy"] is None else f"{100 * row['accuracy']:.2f}%"
+                eps = f"  epsilon {row['epsilon_max']:.3g}" if "epsilon_max" in row else ""
                 console.print(f"round {row['round'] + 1}/{bed.cfg.run.rounds}  accuracy {acc}  "
                               f"up {_fmt_bytes(row['bytes_up'])}  down {_fmt_bytes(row['bytes_down'])}  "
-                              f"{row['wall_seconds']:.1f}s")
+                              f"{row['wall_seconds']:.1f}s{eps}")
         else:
             with Live(_table(bed, rows, started, "starting"), console=console, refresh_per_second=4) as live:
                 while not bed.finished():
@@ -92,6 +96,11 @@ def run_with_progress(config, overrides, out=None, quiet: bool = False, certs: s
     final = "-" if summary["final_accuracy"] is None else f"{100 * summary['final_accuracy']:.2f}%"
     console.print(f"final accuracy {final} after {summary['rounds']} rounds "
                   f"in {summary['wall_seconds']:.1f}s ({summary['algorithm']}, seed {summary['seed']})")
+    if summary.get("privacy"):
+        claimed = f", paper's claim {summary['epsilon_claimed']:.3g} (not measured)" if "epsilon_claimed" in summary else ""
+        console.print(f"privacy: epsilon {summary['epsilon']:.3g} by the accountant (budget "
+                      f"{summary['privacy']['epsilon_budget']:g}, delta {summary['privacy']['delta']:g}){claimed}"
+                      + (f"; stopped: {summary['stop_reason']}" if summary.get("stop_reason") else ""))
     console.print(f"results: {bed.run_dir}/metrics.jsonl, summary.json, accuracy.png; logs in {bed.logs}")
     if quiet:
         print(metrics.dumps(summary))

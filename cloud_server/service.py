@@ -300,6 +300,7 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
         rows = self.rows
         started = time.monotonic() - (rows[-1]["wall_seconds"] if rows else 0.0)
         cloud_weights = plans.weights_rule(cfg, "cloud")
+        pending = None
         for r in range(self.first_round, cfg.run.rounds):
             round_started = time.monotonic()
             if not (self.resume and r == self.first_round):  # a resumed round keeps what was accepted already
@@ -318,16 +319,18 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
             stats["aggregate_rejected"] = rejected
             if self.policy is not None:
                 stats.update(self.policy.record(r, {e: res.transforms for e, res in self.results.items()}))
+            # Round r's evaluation overlaps round r + 1 (it runs on its own thread); its row is written
+            # before the next checkpoint, so a checkpoint of round k always has the rows before k on disk.
+            if pending is not None:
+                await self._write_row(*pending, rows, metrics_path)
             self._checkpoint(r, stats)
-            row = await loop.run_in_executor(executor, self._evaluate, r)
-            row.update(stats)
-            rows.append(row)
-            metrics.append_jsonl(metrics_path, row)
             shutil.rmtree(self._pending(r), ignore_errors=True)
-            log.info("round %d: accuracy %s loss %s (%.2fs)", r, row["accuracy"], row["loss"], row["round_seconds"])
+            pending = (stats, loop.run_in_executor(executor, self._evaluate, r, self.w.copy()))
             if not self.results and not any(self.live.sessions.has(e) for e in self.edges):
                 log.error("every edge is gone; stopping")
                 break
+        if pending is not None:
+            await self._write_row(*pending, rows, metrics_path)
         await self._finish(rows, started)
         executor.shutdown(wait=False)
         return 0 if self.stop_reason or any(r["edges"] for r in rows[-1:]) else 1
@@ -369,6 +372,14 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
                 return
             await self.live.wait(deadline)
 
+    @staticmethod
+    async def _write_row(stats: dict, evaluation, rows: list, path: pathlib.Path) -> None:
+        row = await evaluation
+        row.update(stats)
+        rows.append(row)
+        metrics.append_jsonl(path, row)
+        log.info("round %d: accuracy %s loss %s (%.2fs)", row["round"], row["accuracy"], row["loss"], row["round_seconds"])
+
     def _checkpoint(self, r: int, stats: dict) -> None:
         """The global model after round r (and the round's counters), replaced atomically and fsynced."""
         tmp = self.run_dir / "checkpoint.tmp.npz"
@@ -395,12 +406,12 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
             return self.w, True
         return new, False
 
-    def _evaluate(self, r: int) -> dict:
+    def _evaluate(self, r: int, w: np.ndarray | None = None) -> dict:
         last = r == self.cfg.run.rounds - 1
         if r % self.cfg.run.eval_every and not last:
             return {"round": r, "accuracy": None, "loss": None, "eval_seconds": 0.0}
         started = time.monotonic()
-        accuracy, loss = evaluate(self.model, self.w, self.test)
+        accuracy, loss = evaluate(self.model, self.w if w is None else w, self.test)
         diverged = not (np.isfinite(accuracy) and np.isfinite(loss))
         return {"round": r, "accuracy": accuracy, "loss": loss, "eval_seconds": time.monotonic() - started,
                 "diverged": diverged}

@@ -139,9 +139,19 @@ class Device:
                 self.refused += 1
                 log.warning("%s: edge refused our message in round %s (%s: %s); sitting out the rest of the round",
                             self.id, after[0], exc.code().name, (exc.details() or "")[:300])
+                await self._withdraw(after)
             except wire.WireError as exc:  # a reply we cannot read: treat like a refusal
                 self.refused += 1
                 log.warning("%s: unreadable reply in round %s: %s", self.id, after[0], exc)
+
+    async def _withdraw(self, after: tuple[int, int]) -> None:
+        """Tell the edge not to wait for us for the rest of this round (best effort)."""
+        meta = pb.Meta(run_id=self.run_id, round=after[0], attempt=after[1], sender_id=self.id, withdraw=True,
+                       phase="withdraw")
+        try:
+            await self._exchange(pb.Envelope(meta=meta))
+        except (grpc.aio.AioRpcError, wire.WireError) as exc:
+            log.debug("%s: withdraw not taken: %s", self.id, exc)
 
     async def _round(self, task: pb.RoundTask, envelope: pb.Envelope) -> None:
         dim = self.dim

@@ -221,6 +221,10 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
             validate.check_meta(envelope.meta, self.cfg.run.rounds, len(self.plan) or 1)
             self._authenticate(context, envelope.meta.sender_id)
             node = envelope.meta.sender_id
+            if envelope.meta.withdraw:
+                self._withdraw(envelope.meta)
+                yield pb.Chunk(data=b"")
+                return
             barrier, contribution = self._validate(envelope)
         except wire.WireError as exc:
             await refuse(context, self.refusals, exc)
@@ -234,6 +238,17 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
         for chunk in barrier.reply:
             yield chunk
         self.bytes_down += barrier.reply_size
+
+    def _withdraw(self, meta: pb.Meta) -> None:
+        """A member whose own upload was refused says it sits out the rest of the round: stop waiting for it."""
+        if meta.run_id != self.run_id or meta.round != self.round or meta.attempt != self.attempt:
+            raise wire.WireError(grpc.StatusCode.FAILED_PRECONDITION, "withdraw from a round that is not in progress",
+                                 "wrong_round")
+        node = meta.sender_id
+        if node in self.round_members and node not in self.out:
+            self.out.add(node)
+            log.warning("dropping %s from round %d: it withdrew after a refusal of its upload", node, self.round)
+            self.live.poke()
 
     # ---- the edge's link with the cloud -------------------------------------------------------
     async def join_cloud(self) -> pb.RegisterReply:

@@ -42,7 +42,7 @@ class Transform(_message.Message):
     def __init__(self, stage: _Optional[str] = ..., name: _Optional[str] = ..., tier: _Optional[str] = ..., bits: _Optional[int] = ..., params: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class Meta(_message.Message):
-    __slots__ = ("run_id", "round", "phase", "step", "sender_id", "num_samples", "transforms", "num_devices", "attempt")
+    __slots__ = ("run_id", "round", "phase", "step", "sender_id", "num_samples", "transforms", "num_devices", "attempt", "withdraw")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
@@ -52,6 +52,7 @@ class Meta(_message.Message):
     TRANSFORMS_FIELD_NUMBER: _ClassVar[int]
     NUM_DEVICES_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    WITHDRAW_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     round: int
     phase: str
@@ -61,7 +62,8 @@ class Meta(_message.Message):
     transforms: _containers.RepeatedCompositeFieldContainer[Transform]
     num_devices: int
     attempt: int
-    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., phase: _Optional[str] = ..., step: _Optional[int] = ..., sender_id: _Optional[str] = ..., num_samples: _Optional[int] = ..., transforms: _Optional[_Iterable[_Union[Transform, _Mapping]]] = ..., num_devices: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
+    withdraw: bool
+    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., phase: _Optional[str] = ..., step: _Optional[int] = ..., sender_id: _Optional[str] = ..., num_samples: _Optional[int] = ..., transforms: _Optional[_Iterable[_Union[Transform, _Mapping]]] = ..., num_devices: _Optional[int] = ..., attempt: _Optional[int] = ..., withdraw: bool = ...) -> None: ...
 
 class Phase(_message.Message):
     __slots__ = ("kind", "params")

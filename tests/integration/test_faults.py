@@ -102,13 +102,16 @@ def test_device_host_killed_for_good_the_run_goes_on(hfl_testbed):
 
 def test_a_diverging_device_is_refused_and_its_host_survives(hfl_testbed):
     # lr = 1e30 makes every local update non-finite: each upload is refused, the hosts carry on
-    tb = hfl_testbed(overrides=SMALL + ["run.rounds=2", "train.tau=1", "train.lr=1e30", "net.phase_timeout_s=2"])
+    # (each device withdraws after its refusal, so no barrier waits for net.phase_timeout_s)
+    tb = hfl_testbed(overrides=SMALL + ["run.rounds=2", "train.tau=1", "train.lr=1e30", "net.phase_timeout_s=120"])
     summary = tb.wait(timeout=300)
     rows = tb.metrics()
     assert summary["rounds"] == 2 and all(n.returncode() == 0 for n in tb.nodes.values())
     assert all(r["refused"] >= 6 for r in rows) and all(r["devices"] == 0 for r in rows)
     log = (tb.run_dir / "logs" / "devices-000-0.log").read_text()
     assert "sitting out the rest of the round" in log and "refusals of our messages: 6" in log
+    assert "withdrew after a refusal" in (tb.run_dir / "logs" / "edge-000.log").read_text()
+    assert all(r["round_seconds"] < 60 for r in rows)
 
 
 def test_exchange_before_the_edge_joined_is_unavailable(tmp_path):

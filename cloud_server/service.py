@@ -429,11 +429,25 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
             "edges": len(self.results),
             "devices": int(sum(x.devices for x in res)),
             "train_loss": (sum(l * n for l, n in train) / sum(n for _, n in train)) if train else None,
+            **self._quantizer_errors(res),
             "round_seconds": time.monotonic() - round_started,
             "wall_seconds": time.monotonic() - started,
         }
         self.bytes_up = self.bytes_down = 0
         return stats
+
+    @staticmethod
+    def _quantizer_errors(results) -> dict:
+        """q = ||Q(x) - x||^2 / ||x||^2 measured per tier (paper 001's q1 on uploads, q2 on the backhaul)."""
+        up = [x.scalars["q_uplink"] for x in results if "q_uplink" in x.scalars]
+        back = [t.params["q_measured"] for x in results for t in x.transforms
+                if t.stage == "encode" and "q_measured" in t.params]
+        out = {}
+        if up:
+            out["q_uplink"] = float(np.mean(up))
+        if back:
+            out["q_backhaul"] = float(np.mean(back))
+        return out
 
     async def _finish(self, rows: list, started: float) -> None:
         final = self.round + 1

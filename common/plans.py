@@ -55,6 +55,19 @@ def qhetfed(cfg) -> list[pb.Phase]:
             + [local_sgd(cfg.train), phase(EDGE_MODEL_SYNC), phase(CLOUD_SYNC)])
 
 
+def qhetfed_gamma1(cfg) -> list[pb.Phase]:
+    """QHetFed for gamma = 1 (paper 001, Corollary 2): tau + 1 quantized edge gradient steps, no local phase;
+    the edge sends Q2(tracker - w_t) to the cloud."""
+    return [phase(EDGE_GRADIENT_STEP, lr=cfg.train.lr)] * (cfg.train.tau + 1) + [phase(CLOUD_SYNC)]
+
+
+def hier_local_qsgd(cfg) -> list[pb.Phase]:
+    """Hier-Local-QSGD (paper 001's Algorithm 2, ref [28]): tau edge rounds of gamma local steps and a
+    Q1-quantized model-delta upload, the edge's model broadcast unquantized, then Q2 to the cloud with
+    weights N_l / N (the digest's fix of the printed 1/N_l). Q1 and Q2 are the uplink and backhaul codecs."""
+    return hierfavg(cfg)
+
+
 def h2fdp(cfg) -> list[pb.Phase]:
     """H2FDP without control (paper 000, Alg. 2 as made implementable in the digest, section 2): tau SGD
     steps per global round with every minibatch gradient clipped to G (privacy.clip), a local
@@ -77,6 +90,10 @@ def dp_fedavg(cfg) -> list[pb.Phase]:
 
 ALGORITHMS.register("hierfavg", Algorithm("hierfavg", hierfavg, "samples", "samples", "Liu et al., ICC 2020"))
 ALGORITHMS.register("qhetfed", Algorithm("qhetfed", qhetfed, "devices", "devices", "paper 001, Algorithm 1"))
+ALGORITHMS.register("qhetfed-gamma1", Algorithm("qhetfed-gamma1", qhetfed_gamma1, "devices", "devices",
+                                                "paper 001, Corollary 2 (gamma = 1)"))
+ALGORITHMS.register("hier-local-qsgd", Algorithm("hier-local-qsgd", hier_local_qsgd, "devices", "devices",
+                                                 "paper 001, Algorithm 2 (Liu et al. TWC 2023), 1/N fix"))
 ALGORITHMS.register("h2fdp", Algorithm("h2fdp", h2fdp, "devices", "equal", "paper 000, Algorithm 2", "by_trust"))
 ALGORITHMS.register("hfl-dp", Algorithm("hfl-dp", h2fdp, "devices", "equal", "paper 000 baseline: every edge untrusted",
                                         "by_trust", trust="untrusted"))

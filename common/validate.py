@@ -71,6 +71,8 @@ SCALARS.register("refused", ScalarSpec(0.0, 1e9, "messages refused since the las
 SCALARS.register("dropped", ScalarSpec(0.0, 1e7, "devices dropped from the run so far"))
 SCALARS.register("rejoined", ScalarSpec(0.0, 1e7, "devices that rejoined after a loss"))
 SCALARS.register("restarts", ScalarSpec(0.0, 1e6, "times the edge restarted its cluster's round"))
+SCALARS.register("q_uplink", ScalarSpec(0.0, 1e12, "mean measured quantizer error ||Q(x) - x||^2 / ||x||^2 of the "
+                                                     "devices' uploads this round"))
 SCALARS.register("clipped", ScalarSpec(0.0, 1e9, "uploads a trusted edge clipped to the plan's bound"))
 
 

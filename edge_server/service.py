@@ -39,6 +39,7 @@ class Contribution:
     samples: int
     scalars: dict
     dp: list = field(default_factory=list)  # DP events the device recorded on its upload
+    q: float | None = None                  # the quantizer error the device measured on its upload, if any
 
 
 @dataclass
@@ -90,6 +91,7 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
         self.rejoined = 0
         self.clipped = 0
         self.cplan: dict[str, float] = {}
+        self.q_uplink: list[float] = []
         self.participants: set[str] = set()
         self.dp_records: list = []
         self.joined = asyncio.Event()
@@ -209,7 +211,8 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
                                      self.round, meta.step)
         scalars = validate.check_scalars(envelope.scalars, node)
         dp = on_wire.from_transforms(meta.transforms, allowed={node})
-        return barrier, Contribution(vec, self.samples[node], scalars, dp)
+        q = next((t.params["q_measured"] for t in meta.transforms if t.stage == "encode" and "q_measured" in t.params), None)
+        return barrier, Contribution(vec, self.samples[node], scalars, dp, q)
 
     async def Exchange(self, request_iterator, context):
         # A refused message changes nothing, not even for the member it claims to come from: it may still
@@ -377,6 +380,7 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
         self.live.returned.clear()
         self.losses = []
         self.dp_records = []
+        self.q_uplink = []
         comm_steps = [i for i, p in enumerate(self.plan) if p.kind in plans.DEVICE_UPLOAD_PHASES]
         self.barriers = {i: Barrier(i, self.plan[i].kind) for i in comm_steps}
         self.active_step = comm_steps[0] if comm_steps else None
@@ -466,6 +470,8 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
         trusted = self.cplan.get("trusted", 0.0) == 1.0 and phase.kind == plans.EDGE_MODEL_SYNC
         for c in contributions:
             self.dp_records.extend(c.dp)
+            if c.q is not None:
+                self.q_uplink.append(c.q)
         if trusted:
             for i, vec in enumerate(vecs):
                 vecs[i], over = on_wire.enforce_clip(vec, self.cplan.get("delta_clip", 0.0))
@@ -497,6 +503,8 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
                    "restarts": float(self.restarts), "rejoined": float(self.rejoined), "clipped": float(self.clipped)}
         if self.losses:
             scalars["train_loss"] = float(np.mean(self.losses))
+        if self.q_uplink:
+            scalars["q_uplink"] = float(np.mean(self.q_uplink))
         self.bytes_up = self.bytes_down = 0
         self.restarts = self.rejoined = self.clipped = 0
         chunks = wire.chunked(pb.Envelope(meta=meta, tensors=[tensor], scalars=scalars), self.chunk_bytes)

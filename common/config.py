@@ -40,7 +40,11 @@ class RunSection:
 class TopologySection:
     edges: int = doc(2, "edge servers (clusters)", min=1)
     devices_per_edge: int = doc(5, "emulated devices per edge", min=1)
-    hosts_per_edge: int = doc(1, "device host processes per edge", min=1)
+    hosts_per_edge: int = doc(1, "device host processes per edge (host_layout=per_edge)", min=1)
+    host_layout: str = choice("per_core", ("per_core", "per_edge"),
+                              "device hosts: per_core = `device_hosts` processes, each emulating devices of any edges; "
+                              "per_edge = `hosts_per_edge` processes per edge (containers, edge sites)")
+    device_hosts: int = doc(0, "host_layout=per_core: device host processes (0 = one per core)", min=0)
 
 
 @dataclass(frozen=True)

@@ -52,3 +52,23 @@ def host_slice(members: list[str], host_index: int, hosts: int) -> list[str]:
         raise ValueError(f"host index {host_index} outside [0, {hosts})")
     n = len(members)
     return members[host_index * n // hosts:(host_index + 1) * n // hosts]
+
+
+def union_slice(member_lists: list[list[str]], host_index: int, hosts: int) -> list[str]:
+    """One of `hosts` device-host processes' share of the devices of several edges: the union of their
+    members in device-index order, cut into `hosts` contiguous, balanced pieces (sizes differ by at most
+    one). Every host computes the same cut from the same edges; a contiguous share is one certificate
+    range (dev-A..dev-B). With a single edge this is `host_slice`."""
+    union = sorted({m for members in member_lists for m in members}, key=device_index)
+    return host_slice(union, host_index, hosts)
+
+
+def host_count(cfg, cpus: int | None = None) -> int:
+    """Device host processes of a local testbed: per_edge = hosts_per_edge per edge; per_core =
+    `device_hosts`, or one per core when 0, never more than there are devices."""
+    import os
+
+    if cfg.topology.host_layout == "per_edge":
+        return cfg.topology.edges * cfg.topology.hosts_per_edge
+    wanted = cfg.topology.device_hosts or cpus or os.cpu_count() or 1
+    return max(1, min(wanted, cfg.topology.edges * cfg.topology.devices_per_edge))

@@ -210,29 +210,48 @@ class Device:
 
 
 class DeviceHost:
-    def __init__(self, edge_address: str, host_index: int = 0, hosts: int = 1, credentials=None,
+    """One process emulating devices of one or several edges. `edge_address` is one address or a list:
+    with several, the host takes its share (`host_index` of `hosts`) of the union of their members
+    (topology.union_slice), and every device dials its own edge."""
+
+    def __init__(self, edge_address: str | list[str], host_index: int = 0, hosts: int = 1, credentials=None,
                  override_host: str | None = None, wait_s: float = 300.0):
-        self.edge_address = edge_address
+        self.edge_addresses = [edge_address] if isinstance(edge_address, str) else list(edge_address)
+        if not self.edge_addresses:
+            raise ValueError("a device host needs at least one edge address")
+        self.edge_address = self.edge_addresses[0]
         self.host_index = host_index
         self.hosts = hosts
         self.credentials = credentials
         self.override_host = override_host
         self.wait_s = wait_s
 
+    async def _discover(self, address: str) -> pb.RegisterReply:
+        probe = rpc.channel(address, 2 << 20, self.credentials, self.override_host)
+        try:
+            await rpc.wait_serving(probe, self.wait_s, f"edge {address}")
+            return await pbg.EdgeServiceStub(probe).Register(pb.RegisterRequest(node_id=""))
+        finally:
+            await probe.close()
+
     async def run(self) -> int:
         started = time.monotonic()
-        probe = rpc.channel(self.edge_address, 2 << 20, self.credentials, self.override_host)
-        await rpc.wait_serving(probe, self.wait_s, f"edge {self.edge_address}")
-        reply = await pbg.EdgeServiceStub(probe).Register(pb.RegisterRequest(node_id=""))
-        await probe.close()
-        cfg = config_mod.from_dict(json.loads(reply.spec_json)["config"])
+        _raise_fd_limit()
+        replies = await asyncio.gather(*(self._discover(a) for a in self.edge_addresses))
+        cfg = config_mod.from_dict(json.loads(replies[0].spec_json)["config"])
         torch.set_num_threads(cfg.train.torch_threads)
-        ids = topology.host_slice(list(reply.members), self.host_index, self.hosts)
+        ids = topology.union_slice([list(r.members) for r in replies], self.host_index, self.hosts)
+        clusters = ", ".join(r.cluster_id for r in replies)
         if not ids:
-            log.warning("no devices for host %d of %d on %s", self.host_index, self.hosts, reply.cluster_id)
+            log.warning("no devices for host %d of %d on %s", self.host_index, self.hosts, clusters)
             return 0
-        log.info("host %d/%d of %s: %d devices (%s..%s)", self.host_index, self.hosts, reply.cluster_id, len(ids), ids[0], ids[-1])
-        rejoin = reply.round >= 0  # the run is under way: this host restarted
+        home = {}  # device -> (its edge's address, its edge's reply)
+        for address, reply in zip(self.edge_addresses, replies):
+            for m in reply.members:
+                home.setdefault(m, (address, reply))
+        edges_here = sorted({home[n][1].cluster_id for n in ids})
+        log.info("host %d/%d of %s: %d devices (%s..%s) of %d edge(s)", self.host_index, self.hosts, clusters, len(ids),
+                 ids[0], ids[-1], len(edges_here))
         executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="train")
         try:
             shards, data = await asyncio.get_running_loop().run_in_executor(executor, device_shards, cfg, ids)
@@ -240,11 +259,13 @@ class DeviceHost:
             del data
             trainer = Trainer(model, executor)
             chunk = cfg.net.chunk_kib * 1024
+            dim = num_parameters(model)
             devices = []
             for node in ids:
-                link = Upstream(node, self.edge_address, chunk, pbg.EdgeServiceStub, self.credentials, self.override_host)
-                device = Device(node, cfg, reply.run_id, shards[node], trainer, link, num_parameters(model), reply.cluster_id)
-                device.rejoin = rejoin
+                address, reply = home[node]
+                link = Upstream(node, address, chunk, pbg.EdgeServiceStub, self.credentials, self.override_host)
+                device = Device(node, cfg, reply.run_id, shards.pop(node), trainer, link, dim, reply.cluster_id)
+                device.rejoin = reply.round >= 0  # the run is under way: this host restarted
                 devices.append(device)
             log.info("%d devices ready in %.1fs", len(devices), time.monotonic() - started)
             outcomes = await asyncio.gather(*(d.run() for d in devices))
@@ -254,3 +275,15 @@ class DeviceHost:
             return 0
         finally:
             executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _raise_fd_limit() -> None:
+    """Every emulated device holds its own connection (one descriptor each): lift the soft limit to the hard one."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY or soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20), hard))
+    except (ImportError, ValueError, OSError) as exc:
+        log.debug("cannot raise the descriptor limit: %s", exc)

@@ -222,10 +222,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tls_args(p)
     p.set_defaults(func=cmd_edge)
 
-    p = sub.add_parser("devices", help="start one device host (many emulated devices of one edge)")
-    p.add_argument("--edge", required=True, help="edge address HOST:PORT")
-    p.add_argument("--host-index", type=int, default=0, help="which share of the cluster's devices to emulate")
-    p.add_argument("--hosts", type=int, default=1, help="how many hosts share the cluster")
+    p = sub.add_parser("devices", help="start one device host (many emulated devices of one or more edges)")
+    p.add_argument("--edge", required=True, action="append",
+                   help="edge address HOST:PORT (repeatable: the host takes its share of the union of their devices)")
+    p.add_argument("--host-index", type=int, default=0, help="which share of the (union of the) edges' devices to emulate")
+    p.add_argument("--hosts", type=int, default=1, help="how many hosts share those devices")
     p.add_argument("--wait", type=float, default=300.0, help="seconds to wait for the edge to be SERVING")
     _add_tls_args(p)
     p.set_defaults(func=cmd_devices)

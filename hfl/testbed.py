@@ -7,12 +7,18 @@
 
 This is the engine behind `hfl run` and the `hfl_testbed` pytest fixture. Every child is tied to
 this process (it gets SIGTERM if we die) and `close()` kills whatever is left, also on errors.
+
+Device hosts follow `topology.host_layout`: per_core (default) starts `topology.device_hosts` hosts (0 =
+one per core) named devices-cH, each emulating a contiguous share of all devices of all edges; per_edge
+starts `hosts_per_edge` hosts per edge named devices-EEE-H. `skip_hosts` names per-edge hosts (a test
+plays their devices), so a Testbed given skip_hosts uses the per_edge layout.
 """
 from __future__ import annotations
 
 import ctypes
 import os
 import pathlib
+import resource
 import signal
 import subprocess
 import sys
@@ -22,6 +28,7 @@ from typing import Iterator, Sequence
 
 from hfl.common import config as config_mod
 from hfl.common import metrics
+from hfl.common import topology
 from hfl.common.topology import edge_id
 
 PR_SET_PDEATHSIG = 1
@@ -32,11 +39,22 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     except OSError:
         pass
+    try:  # one descriptor per emulated device connection, on both ends: soft limit up to the hard one
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError):
+        pass
     os.setsid()
 
 
 class TestbedError(RuntimeError):
     pass
+
+
+def core_host_name(index: int) -> str:
+    """Name (and log file) of a per-core device host."""
+    return f"devices-c{index}"
 
 
 @dataclass
@@ -65,7 +83,7 @@ class Testbed:
     config: config_mod.Config | str | os.PathLike | None = None
     overrides: Sequence[str] = ()
     run_dir: str | os.PathLike | None = None
-    skip_hosts: Sequence[str] = ()          # device hosts not to start, e.g. "devices-001-2" (a test plays them)
+    skip_hosts: Sequence[str] = ()          # per-edge device hosts not to start, e.g. "devices-001-2" (a test plays them)
     start_timeout: float = 180.0
     env: dict | None = None
     extra_args: dict = field(default_factory=dict)  # node name or role -> extra CLI args (e.g. TLS flags)
@@ -87,6 +105,8 @@ class Testbed:
                 cfg = config_mod.from_dict(config_mod.merge_overrides(config_mod.to_dict(cfg), list(self.overrides)))
         else:
             cfg = config_mod.load(self.config, list(self.overrides))
+        if self.skip_hosts and cfg.topology.host_layout != "per_edge":  # the skipped names are per-edge hosts
+            cfg = config_mod.from_dict(config_mod.merge_overrides(config_mod.to_dict(cfg), ["topology.host_layout=per_edge"]))
         self.cfg = cfg
         if self.run_dir is None:
             stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -96,7 +116,7 @@ class Testbed:
         if self.certs is not None:
             from hfl.common.certs import testbed_tls_args
 
-            self.extra_args = {**testbed_tls_args(self.certs, cfg), **self.extra_args}
+            self.extra_args = {**testbed_tls_args(self.certs, cfg), **self._core_host_certs(cfg), **self.extra_args}
         self.ports = self.run_dir / "ports"
         self.launched = time.monotonic()
 
@@ -158,17 +178,47 @@ class Testbed:
                 name = edge_id(e)
                 edges.append(self._spawn(name, ["edge", "--id", name, "--listen", "127.0.0.1:0", "--cloud", cloud_address,
                                                 "--port-file", str(self.ports / name)]))
-            for e, edge in enumerate(edges):
-                address = self._wait_port(edge, deadline)
-                for h in range(self.cfg.topology.hosts_per_edge):
-                    name = f"devices-{e:03d}-{h}"
-                    if name not in self.skip_hosts:
-                        self._spawn(name, ["devices", "--edge", address, "--host-index", str(h),
-                                           "--hosts", str(self.cfg.topology.hosts_per_edge)])
+            if self.cfg.topology.host_layout == "per_edge":
+                for e, edge in enumerate(edges):
+                    address = self._wait_port(edge, deadline)
+                    for h in range(self.cfg.topology.hosts_per_edge):
+                        name = f"devices-{e:03d}-{h}"
+                        if name not in self.skip_hosts:
+                            self._spawn(name, ["devices", "--edge", address, "--host-index", str(h),
+                                               "--hosts", str(self.cfg.topology.hosts_per_edge)])
+            else:
+                addresses = [self._wait_port(edge, deadline) for edge in edges]
+                hosts = topology.host_count(self.cfg)
+                for h in range(hosts):
+                    self._spawn(core_host_name(h), ["devices", *[a for address in addresses for a in ("--edge", address)],
+                                                    "--host-index", str(h), "--hosts", str(hosts)])
         except BaseException:
             self.close()
             raise
         return self
+
+    def _core_host_certs(self, cfg) -> dict[str, list[str]]:
+        """Mutual TLS for per-core device hosts: one device certificate per host, for its contiguous range."""
+        if cfg.topology.host_layout != "per_core":
+            return {}
+        from hfl.common import certs
+
+        d = pathlib.Path(self.certs)
+        members = [topology.device_id(g) for g in range(cfg.num_devices)]
+        hosts = topology.host_count(cfg)
+        args = {}
+        for h in range(hosts):
+            ids = topology.host_slice(members, h, hosts) or members
+            name = core_host_name(h)
+            certs.issue(d, "device", certs.device_range(topology.device_index(ids[0]), len(ids)), name=name,
+                        out_dir=d / "nodes")
+            args[name] = ["--ca", str(d / certs.CA_CERT), "--cert", str(d / "nodes" / f"{name}.pem"),
+                          "--key", str(d / "nodes" / f"{name}.key")]
+        return args
+
+    def device_hosts(self) -> list[str]:
+        """Names of the device host processes started (or skipped) by this testbed."""
+        return [n for n in self.nodes if n.startswith("devices-")]
 
     @property
     def cloud_address(self) -> str:

@@ -20,6 +20,8 @@ from hfl.proto import hfl_v1_pb2_grpc as pbg
 
 from .conftest import SMALL
 
+SMALL = SMALL + ["topology.host_layout=per_edge"]  # these tests kill and read device hosts by per-edge name
+
 FAULTS = SMALL + ["run.rounds=4", "topology.hosts_per_edge=2", "net.rejoin_grace_s=40", "net.phase_timeout_s=60"]
 
 

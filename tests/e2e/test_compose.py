@@ -1,5 +1,6 @@
 """`docker compose up` of the root docker-compose.yml on a real engine: the default experiment's
-topology (three edges, one untrusted, mutual TLS, health-gated start) runs to the end, the cloud exits 0,
+topology (three edges, one of them lowering its own trust so that its devices add the DP noise, mutual
+TLS, health-gated start) runs to the end, the cloud exits 0,
 every container exits cleanly and the results are on the host. A few rounds keep it short."""
 from __future__ import annotations
 
@@ -63,6 +64,14 @@ def test_compose_up_runs_to_the_end_with_results_on_the_host(compose_cmd, image,
         assert summary["edges"] == 3 and summary["devices"] == 3 * DEVICES_PER_EDGE
         assert summary["dropped_edges"] == [] and summary["refused"] == 0
         assert summary["final_accuracy"] > 0.3
+        # the default experiment is private (deploy/configs/compose-h2fdp.toml): the policy trusts every edge,
+        # edge-002's site lowered its own trust (HFL_TRUST=untrusted), so its devices added the noise
+        privacy = summary["privacy"]
+        assert privacy["trust_assigned"] == {"edge-000": "trusted", "edge-001": "trusted", "edge-002": "trusted"}
+        assert privacy["trust"] == {"edge-000": "trusted", "edge-001": "trusted", "edge-002": "untrusted"}
+        assert {e: privacy["noise"][e]["global"]["tier"] for e in privacy["trust"]} == {
+            "edge-000": "edge", "edge-001": "edge", "edge-002": "device"}
+        assert summary["stop_reason"] is None and 0 < summary["epsilon"] <= privacy["epsilon_budget"]
         assert len((out / "metrics.jsonl").read_text().splitlines()) == ROUNDS
         assert (out / "accuracy.png").stat().st_size > 1000 and (out / "config.toml").exists()
 

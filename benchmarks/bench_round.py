@@ -1,16 +1,22 @@
-"""Benchmarks (not timed tests). Run: python benchmarks/bench_round.py [a|b|all] [--repeats N]
+"""Benchmarks (not timed tests). Run: python benchmarks/bench_round.py [a|b|all] [--repeats N] [--layouts ...]
 
-(a) overhead: emulated HierFAVG round time (100 devices in 10 edges, small MNIST CNN, 1 local epoch,
-    real processes and sockets) divided by the same training in one process with a plain torch loop,
-    best of 1 and 2 torch threads. Target <= 1.10. Reported as the median over repeats, each ratio
-    taken against a reference measured in the same repeat.
-(b) scale: 1,000 emulated devices in 20 edges: HierFAVG round time and resident memory per device
-    (sum of the RSS of every process of the testbed / devices). Target < 20 MB per device.
+(a) round time: emulated HierFAVG (100 devices in 10 edges, small MNIST CNN, 1 local epoch, real
+    processes and sockets) for each device-host layout (per_core: one host per core; per_edge: one per
+    edge), against (i) the 2-core limit, a 2-process plain torch reference that splits the same training
+    over both cores (one torch thread each, weights averaged every round through pipes), and (ii) the
+    1-process plain loop (best of 1 and 2 torch threads). Also start-up (launch to the start of round 0)
+    and the peak summed PSS of every process of the testbed. Medians over repeats; every ratio is taken
+    against references measured in the same repeat. Targets: <= 1.10x the 2-process reference, start-up
+    <= 10 s, peak PSS <= 1.5 GB.
+(b) scale: 1,000 emulated devices in 20 edges: HierFAVG round time and memory per device
+    (sum of the RSS / PSS of every process of the testbed / devices). Target < 20 MB per device.
+See also benchmarks/bench_rpc.py (CPU per exchange) and benchmarks/bench_scale.py (10,000 devices).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
 import pathlib
 import statistics
 import sys
@@ -31,49 +37,104 @@ from hfl.testbed import Testbed
 
 A_OVERRIDES = [
     "run.name=bench-a", "run.algorithm=hierfavg", "run.rounds=4",
-    "topology.edges=10", "topology.devices_per_edge=10", "topology.hosts_per_edge=1",
+    "topology.edges=10", "topology.devices_per_edge=10",
     "data.dataset=synthetic", "data.synthetic_samples=75000", "data.max_test_samples=1000",
     "model.name=mnist-cnn", "train.tau=1", "train.gamma=1", "train.local_unit=epochs", "train.batch_size=32",
 ]
 B_OVERRIDES = [
     "run.name=bench-b", "run.algorithm=hierfavg", "run.rounds=3",
-    "topology.edges=20", "topology.devices_per_edge=50", "topology.hosts_per_edge=1",
+    "topology.edges=20", "topology.devices_per_edge=50",
     "data.dataset=synthetic", "data.synthetic_samples=75000", "data.max_test_samples=1000",
     "model.name=mnist-cnn", "train.tau=2", "train.gamma=1", "train.local_unit=epochs", "train.batch_size=32",
     "net.join_timeout_s=900",
 ]
 
 
-def reference_round_seconds(cfg, threads: int, rounds: int) -> list[float]:
-    """The same HierFAVG training (tau=1, one epoch per device, sample-weighted means) as a plain torch loop."""
-    torch.set_num_threads(threads)
+def _setup(cfg, share: int = 0, shares: int = 1):
     data = load_dataset(cfg.data)
     parts = partition(data.y_train, cfg.num_devices, numpy_rng(cfg.run.seed, "data", "partition"), cfg.data)
+    parts = parts[share * len(parts) // shares:(share + 1) * len(parts) // shares]
     mean = torch.tensor(data.mean).view(1, -1, 1, 1)
     std = torch.tensor(data.std).view(1, -1, 1, 1)
     shards = [(torch.from_numpy(data.x_train[p]), torch.from_numpy(data.y_train[p])) for p in parts]
     model = build(cfg.model.name, data.input_shape, data.num_classes)
     init_parameters(model, torch_generator(cfg.run.seed, "cloud", 0, 0, "init"))
-    global_state = {k: v.clone() for k, v in model.state_dict().items()}
+    return shards, model, mean, std
+
+
+def _train(cfg, shards, model, mean, std, global_state, gen) -> tuple[dict, int]:
+    """One round of the plain loop over `shards`: each starts from `global_state`, one epoch of SGD;
+    returns the sample-weighted sum of the final states and the sample count."""
     opt = torch.optim.SGD(model.parameters(), lr=cfg.train.lr)
+    acc = {k: torch.zeros_like(v) for k, v in global_state.items()}
+    total = 0
+    for x_u8, y in shards:
+        model.load_state_dict(global_state)
+        for idx in torch.randperm(len(y), generator=gen).split(cfg.train.batch_size):
+            x = x_u8[idx].float().div_(255).sub_(mean).div_(std)
+            opt.zero_grad()
+            F.cross_entropy(model(x), y[idx]).backward()
+            opt.step()
+        for k, v in model.state_dict().items():
+            acc[k] += len(y) * v
+        total += len(y)
+    return acc, total
+
+
+def reference_round_seconds(cfg, threads: int, rounds: int) -> list[float]:
+    """The same HierFAVG training (tau=1, one epoch per device, sample-weighted means) as a plain torch loop."""
+    torch.set_num_threads(threads)
+    shards, model, mean, std = _setup(cfg)
+    global_state = {k: v.clone() for k, v in model.state_dict().items()}
     gen = torch.Generator().manual_seed(0)
     times = []
     for _ in range(rounds):
         start = time.perf_counter()
-        acc = {k: torch.zeros_like(v) for k, v in global_state.items()}
-        total = 0
-        for x_u8, y in shards:
-            model.load_state_dict(global_state)
-            for idx in torch.randperm(len(y), generator=gen).split(cfg.train.batch_size):
-                x = x_u8[idx].float().div_(255).sub_(mean).div_(std)
-                opt.zero_grad()
-                F.cross_entropy(model(x), y[idx]).backward()
-                opt.step()
-            for k, v in model.state_dict().items():
-                acc[k] += len(y) * v
-            total += len(y)
+        acc, total = _train(cfg, shards, model, mean, std, global_state, gen)
         global_state = {k: v / total for k, v in acc.items()}
         times.append(time.perf_counter() - start)
+    return times
+
+
+def _worker(cfg, share: int, shares: int, conn) -> None:
+    torch.set_num_threads(1)
+    shards, model, mean, std = _setup(cfg, share, shares)
+    gen = torch.Generator().manual_seed(share)
+    conn.send("ready")
+    while (state := conn.recv()) is not None:
+        conn.send(_train(cfg, shards, model, mean, std, state, gen))
+
+
+def two_process_round_seconds(cfg, rounds: int, processes: int = 2) -> list[float]:
+    """The 2-core limit: the plain loop split over `processes` processes (one torch thread each, half the
+    devices each); every round the parent sends the global state, each returns its weighted sum."""
+    ctx = mp.get_context("spawn")
+    pipes, procs = [], []
+    for i in range(processes):
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_worker, args=(cfg, i, processes, child), daemon=True)
+        proc.start()
+        pipes.append(parent)
+        procs.append(proc)
+    for conn in pipes:
+        assert conn.recv() == "ready"
+    _, model, _, _ = _setup(cfg, 0, 1 << 30)
+    global_state = {k: v.clone() for k, v in model.state_dict().items()}
+    times = []
+    try:
+        for _ in range(rounds):
+            start = time.perf_counter()
+            for conn in pipes:
+                conn.send(global_state)
+            results = [conn.recv() for conn in pipes]
+            total = sum(n for _, n in results)
+            global_state = {k: sum(acc[k] for acc, _ in results) / total for k in global_state}
+            times.append(time.perf_counter() - start)
+    finally:
+        for conn in pipes:
+            conn.send(None)
+        for proc in procs:
+            proc.join(30)
     return times
 
 
@@ -85,6 +146,7 @@ class MemorySampler(threading.Thread):
         self.bed = bed
         self.peak_rss = 0
         self.peak_pss = 0
+        self.first_checkpoint: float | None = None  # wall-clock mtime of the first checkpoint (end of round 0)
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -98,12 +160,18 @@ class MemorySampler(threading.Thread):
                 except (psutil.Error, AttributeError):
                     pass
             self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
-            self.stop.wait(1.0)
+            if self.first_checkpoint is None:
+                try:
+                    self.first_checkpoint = (self.bed.run_dir / "checkpoint.npz").stat().st_mtime
+                except OSError:
+                    pass
+            self.stop.wait(0.5)
 
 
 def emulated(overrides: list[str], sample_memory: bool = False) -> dict:
     with tempfile.TemporaryDirectory() as tmp, Testbed(None, overrides, run_dir=pathlib.Path(tmp) / "run",
                                                      start_timeout=900) as bed:
+        launched = time.time()
         started = time.monotonic()
         sampler = MemorySampler(bed) if sample_memory else None
         if sampler:
@@ -113,67 +181,101 @@ def emulated(overrides: list[str], sample_memory: bool = False) -> dict:
             sampler.stop.set()
             sampler.join()
         rows = bed.metrics()
+        first_checkpoint = sampler.first_checkpoint if sampler else None
+        hosts = len(bed.device_hosts())
+        processes = len(bed.nodes)
     steady = rows[1:] if len(rows) > 1 else rows  # round 0 pays for lazy start-up (first batches, allocators)
     out = {
         "round_seconds": statistics.median(r["round_seconds"] for r in steady),
-        "round_seconds_without_eval": statistics.median(r["round_seconds"] - r["eval_seconds"] for r in steady),
         "startup_and_run_seconds": time.monotonic() - started,
         "final_accuracy": summary["final_accuracy"],
+        "device_hosts": hosts,
+        "processes": processes,
     }
+    if first_checkpoint is not None:  # the checkpoint of round 0 is written when round 0 ends
+        out["startup_seconds"] = first_checkpoint - launched - rows[0]["round_seconds"]
     if sampler:
         out["peak_rss_bytes"] = sampler.peak_rss
         out["peak_pss_bytes"] = sampler.peak_pss
     return out
 
 
-def bench_a(repeats: int) -> dict:
+def layout_overrides(overrides: list[str], layout: str) -> list[str]:
+    return overrides + [f"topology.host_layout={layout}"]
+
+
+def bench_a(repeats: int, layouts: list[str]) -> dict:
     cfg = config_mod.load(None, A_OVERRIDES)
     results = []
     for i in range(repeats):
-        emu = emulated(A_OVERRIDES)
-        refs = {t: statistics.median(reference_round_seconds(cfg, t, 3)) for t in (1, 2)}
-        best = min(refs.values())
-        results.append({"emulated": emu, "reference": refs, "ratio": emu["round_seconds"] / best,
-                        "ratio_without_eval": emu["round_seconds_without_eval"] / best})
-        print(f"[a] repeat {i + 1}/{repeats}: emulated {emu['round_seconds']:.2f}s "
-              f"(without eval {emu['round_seconds_without_eval']:.2f}s), reference 1 thread {refs[1]:.2f}s, "
-              f"2 threads {refs[2]:.2f}s -> ratio {results[-1]['ratio']:.3f}", flush=True)
-    return {"repeats": results, "median_ratio": statistics.median(r["ratio"] for r in results),
-            "median_ratio_without_eval": statistics.median(r["ratio_without_eval"] for r in results)}
+        rep = {"emulated": {}}
+        for layout in layouts:
+            rep["emulated"][layout] = emulated(layout_overrides(A_OVERRIDES, layout), sample_memory=True)
+        rep["two_process"] = statistics.median(two_process_round_seconds(cfg, 3))
+        rep["one_process"] = {t: statistics.median(reference_round_seconds(cfg, t, 2)) for t in (1, 2)}
+        loop = min(rep["one_process"].values())
+        for layout, emu in rep["emulated"].items():
+            emu["vs_two_process"] = emu["round_seconds"] / rep["two_process"]
+            emu["vs_one_process"] = emu["round_seconds"] / loop
+            print(f"[a] repeat {i + 1}/{repeats} {layout} ({emu['device_hosts']} device hosts): round "
+                  f"{emu['round_seconds']:.2f}s = {emu['vs_two_process']:.3f}x the 2-process reference "
+                  f"({rep['two_process']:.2f}s), {emu['vs_one_process']:.3f}x the 1-process loop ({loop:.2f}s; "
+                  f"1 thread {rep['one_process'][1]:.2f}s, 2 threads {rep['one_process'][2]:.2f}s); start-up "
+                  f"{emu.get('startup_seconds', float('nan')):.1f}s; peak PSS {emu['peak_pss_bytes'] / 2 ** 30:.2f} GiB "
+                  f"(RSS {emu['peak_rss_bytes'] / 2 ** 30:.2f})", flush=True)
+        results.append(rep)
+    summary = {}
+    for layout in layouts:
+        runs = [r["emulated"][layout] for r in results]
+        summary[layout] = {k: statistics.median(e[k] for e in runs)
+                           for k in ("round_seconds", "vs_two_process", "vs_one_process", "startup_seconds",
+                                     "peak_pss_bytes", "peak_rss_bytes") if all(k in e for e in runs)}
+    summary["two_process_seconds"] = statistics.median(r["two_process"] for r in results)
+    summary["one_process_seconds"] = statistics.median(min(r["one_process"].values()) for r in results)
+    return {"repeats": results, "median": summary}
 
 
-def bench_b(repeats: int) -> dict:
+def bench_b(repeats: int, layouts: list[str]) -> dict:
     cfg = config_mod.load(None, B_OVERRIDES)
-    results = []
-    for i in range(repeats):
-        emu = emulated(B_OVERRIDES, sample_memory=True)
-        emu["rss_mb_per_device"] = emu["peak_rss_bytes"] / cfg.num_devices / 2 ** 20
-        emu["pss_mb_per_device"] = emu["peak_pss_bytes"] / cfg.num_devices / 2 ** 20
-        results.append(emu)
-        print(f"[b] repeat {i + 1}/{repeats}: round {emu['round_seconds']:.1f}s, "
-              f"RSS {emu['rss_mb_per_device']:.2f} MB/device (PSS {emu['pss_mb_per_device']:.2f}), "
-              f"whole run {emu['startup_and_run_seconds']:.0f}s", flush=True)
-    return {"repeats": results, "median_round_seconds": statistics.median(r["round_seconds"] for r in results),
-            "median_rss_mb_per_device": statistics.median(r["rss_mb_per_device"] for r in results),
-            "median_pss_mb_per_device": statistics.median(r["pss_mb_per_device"] for r in results)}
+    out = {}
+    for layout in layouts:
+        results = []
+        for i in range(repeats):
+            emu = emulated(layout_overrides(B_OVERRIDES, layout), sample_memory=True)
+            emu["rss_mb_per_device"] = emu["peak_rss_bytes"] / cfg.num_devices / 2 ** 20
+            emu["pss_mb_per_device"] = emu["peak_pss_bytes"] / cfg.num_devices / 2 ** 20
+            results.append(emu)
+            print(f"[b] {layout} repeat {i + 1}/{repeats}: round {emu['round_seconds']:.1f}s, "
+                  f"RSS {emu['rss_mb_per_device']:.2f} MB/device (PSS {emu['pss_mb_per_device']:.2f}), "
+                  f"{emu['processes']} processes, whole run {emu['startup_and_run_seconds']:.0f}s", flush=True)
+        out[layout] = {"repeats": results, "median_round_seconds": statistics.median(r["round_seconds"] for r in results),
+                       "median_rss_mb_per_device": statistics.median(r["rss_mb_per_device"] for r in results),
+                       "median_pss_mb_per_device": statistics.median(r["pss_mb_per_device"] for r in results)}
+    return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("which", nargs="?", default="all", choices=("a", "b", "all"))
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--layouts", nargs="+", default=["per_core", "per_edge"], choices=("per_core", "per_edge"))
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
     report = {"machine": {"cpus": psutil.cpu_count(), "memory_gb": round(psutil.virtual_memory().total / 2 ** 30, 1)}}
     if args.which in ("a", "all"):
-        report["a"] = bench_a(args.repeats)
-        print(f"(a) median ratio emulated/reference: {report['a']['median_ratio']:.3f} "
-              f"(without cloud evaluation: {report['a']['median_ratio_without_eval']:.3f}); target <= 1.10")
+        report["a"] = bench_a(args.repeats, args.layouts)
+        m = report["a"]["median"]
+        for layout in args.layouts:
+            print(f"(a) {layout}: median round {m[layout]['round_seconds']:.2f}s = {m[layout]['vs_two_process']:.3f}x the "
+                  f"2-process reference (target <= 1.10), {m[layout]['vs_one_process']:.3f}x the 1-process loop; "
+                  f"start-up {m[layout].get('startup_seconds', float('nan')):.1f}s (target <= 10); peak PSS "
+                  f"{m[layout]['peak_pss_bytes'] / 2 ** 30:.2f} GiB (target <= 1.5 GB)")
     if args.which in ("b", "all"):
-        report["b"] = bench_b(args.repeats)
-        print(f"(b) 1,000 devices / 20 edges: median round {report['b']['median_round_seconds']:.1f}s, "
-              f"{report['b']['median_rss_mb_per_device']:.2f} MB RSS per device "
-              f"({report['b']['median_pss_mb_per_device']:.2f} MB PSS); target < 20 MB")
+        report["b"] = bench_b(args.repeats, args.layouts)
+        for layout, b in report["b"].items():
+            print(f"(b) 1,000 devices / 20 edges, {layout}: median round {b['median_round_seconds']:.1f}s, "
+                  f"{b['median_rss_mb_per_device']:.2f} MB RSS per device "
+                  f"({b['median_pss_mb_per_device']:.2f} MB PSS); target < 20 MB")
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(report, indent=2))
     return 0

@@ -11,6 +11,7 @@ Synthetic uint8 images; throughput does not depend on pixel values.
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import time
 
@@ -74,7 +75,7 @@ def bench_per_example(name: str, batch: int, repeats: int) -> dict:
         out["opacus"] = f"unavailable ({type(exc).__name__})"
         return {"torch.func": _median_rates({"f": lambda: per_example_gradients(model, params, x, y)}, batch, repeats)["f"],
                 **out}
-    gsm = GradSampleModule(model, loss_reduction="sum")
+    gsm = GradSampleModule(copy.deepcopy(model), loss_reduction="sum")  # Opacus hooks the module it wraps
 
     def opacus_grads():
         for p in gsm.parameters():

@@ -27,6 +27,7 @@ from .wavelet import CALIBRATIONS, SCOPES, WaveletLayout, effective_multiplier
 
 MECHANISMS = ("gaussian", "wavelet")
 LOTS = ("poisson", "fixed")
+GRAD_METHODS = ("auto", "vmap", "bookkeeping")
 # float32 rounding can leave a scaled row a few ulps over its bound; clipped rows are shrunk by this factor
 # (2.4e-7 relative) so that every clipped norm is <= C exactly.
 _SHRINK = 1.0 - 2.0 ** -22
@@ -53,22 +54,127 @@ def per_example_gradients(model: nn.Module, params: dict[str, torch.Tensor], x: 
     return torch.cat([g.reshape(len(y), -1) for g in grads.values()], dim=1), losses
 
 
-def clip_rows(v: torch.Tensor, bounds: torch.Tensor, segment_ids: torch.Tensor | None = None,
+def _segment_slices(sizes: Sequence[int] | None, width: int) -> list[slice]:
+    if sizes is None:
+        return [slice(0, width)]
+    bounds = np.cumsum([0] + list(sizes))
+    return [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def row_norms(v: torch.Tensor, sizes: Sequence[int] | None = None, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """||weights (.) v_segment||_2 of each row of v [B, D] for each contiguous segment (`sizes`; None: one
+    segment, the whole row). Returns [B, segments]."""
+    w = v if weights is None else v * weights
+    return torch.stack([torch.linalg.vector_norm(w[:, sl], dim=1) for sl in _segment_slices(sizes, v.shape[1])], 1)
+
+
+def clip_factors(norms: torch.Tensor, bounds: torch.Tensor) -> torch.Tensor:
+    """min(1, C_j / norm): the per-row, per-segment factors of g / max(1, ||g|| / C) (paper 002 Sec. III-A).
+
+    One segment is flat clipping (sensitivity C); one segment per layer is per-layer clipping, sensitivity
+    sqrt(sum_j C_j^2) (the paper prints sqrt(sum_j C_j); corrected per digest P3)."""
+    n = norms.to(torch.float64)
+    b = bounds.to(torch.float64)
+    # float32 norms can be a few ulps low: clipped rows get an extra 2^-16 shrink so that the true norm of
+    # the clipped row stays <= C (a 1.5e-5 relative bias on clipped rows, far below the noise)
+    return torch.where(n > b, b / n * (1.0 - 2.0 ** -16), torch.ones_like(n)).to(norms.dtype)
+
+
+def clip_rows(v: torch.Tensor, bounds: torch.Tensor, sizes: Sequence[int] | None = None,
               weights: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Scale each row of v [B, D] so that ||weights (.) v_segment||_2 <= bound for every segment.
 
-    One segment (segment_ids None, bounds of shape [1]) is flat clipping g / max(1, ||g|| / C); one segment
-    per layer is per-layer clipping with sensitivity sqrt(sum_j C_j^2) (paper 002 Sec. III-A, corrected per
-    digest P3). Norms are taken in float64. Returns (clipped v, norms before clipping [B, segments])."""
-    w = v if weights is None else v * weights
-    sq = w.to(torch.float64).square()
-    if segment_ids is None:
-        norms = sq.sum(dim=1, keepdim=True).sqrt()
-    else:
-        norms = torch.zeros(v.shape[0], len(bounds), dtype=torch.float64).index_add_(1, segment_ids, sq).sqrt()
-    b = bounds.to(torch.float64)
-    scale = torch.where(norms > b, b / norms * _SHRINK, torch.ones_like(norms)).to(v.dtype)
-    return v * (scale if segment_ids is None else scale[:, segment_ids]), norms
+    Returns (clipped v, norms before clipping [B, segments])."""
+    norms = row_norms(v, sizes, weights)
+    scale = clip_factors(norms, bounds)
+    if sizes is None:
+        return v * scale, norms
+    return v * torch.repeat_interleave(scale, torch.tensor(list(sizes)), dim=1), norms
+
+
+def clipped_sum(v: torch.Tensor, scale: torch.Tensor, sizes: Sequence[int] | None = None) -> torch.Tensor:
+    """sum_i scale_i (.) v_i without materialising the scaled rows (a [B] @ [B, D] product per segment)."""
+    slices = _segment_slices(sizes, v.shape[1])
+    return torch.cat([scale[:, j] @ v[:, sl] for j, sl in enumerate(slices)])
+
+
+def _bookkeeping_layers(model: nn.Module) -> list[tuple[str, nn.Module]] | None:
+    """The parameterised modules, if all are Linear or plain Conv2d (else None: use torch.func)."""
+    layers = []
+    for name, module in model.named_modules():
+        if not list(module.parameters(recurse=False)):
+            continue
+        if isinstance(module, nn.Linear):
+            layers.append((name, module))
+        elif (isinstance(module, nn.Conv2d) and module.groups == 1 and module.padding_mode == "zeros"
+              and not isinstance(module.padding, str)):
+            layers.append((name, module))
+        else:
+            return None
+    return layers
+
+
+def bookkeeping_clipped_sum(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+                            bounds: torch.Tensor, per_layer: bool, layers: list[tuple[str, nn.Module]]
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sum of clipped per-example gradients from one forward and one backward, never holding [B, P].
+
+    Book-keeping / ghost norms (Goodfellow 2015; Li et al. 2022; Bu et al. 2023): with a_i a layer's input
+    and d_i the gradient of example i's loss at the layer's output, a Linear layer's per-example weight
+    gradient is d_i a_i^T, so ||.||^2 = ||d_i||^2 ||a_i||^2, and the clipped sum is (s (.) d)^T a. Conv2d
+    gradients d_i U_i^T (U = unfolded input) are formed per example, as Opacus does; they are small here.
+    Returns (flat clipped sum [P] in parameter order, per-example losses [B], norms [B, segments])."""
+    acts, outs = {}, {}
+
+    def keep(module, inputs, output):
+        acts[module] = inputs[0].detach()
+        outs[module] = output
+
+    handles = [m.register_forward_hook(keep) for _, m in layers]
+    try:
+        leaf = {k: v.detach().requires_grad_() for k, v in params.items()}
+        losses = F.cross_entropy(functional_call(model, leaf, (x,)), y, reduction="none")
+    finally:
+        for h in handles:
+            h.remove()
+    deltas = torch.autograd.grad(losses.sum(), [outs[m] for _, m in layers])
+
+    sq, parts = {}, {}  # per parameter name: per-example squared norms [B]; what the clipped sum needs
+    for (name, m), d in zip(layers, deltas):
+        a = acts[m]
+        if isinstance(m, nn.Linear):
+            if a.dim() != 2:
+                raise ValueError(f"bookkeeping supports Linear layers on [B, features] inputs, got {tuple(a.shape)}")
+            d2 = d.square().sum(1)
+            sq[name + ".weight"] = d2 * a.square().sum(1)
+            parts[name + ".weight"] = ("linear", d, a)
+            if m.bias is not None:
+                sq[name + ".bias"] = d2
+                parts[name + ".bias"] = ("rows", d)
+        else:
+            u = F.unfold(a, m.kernel_size, dilation=m.dilation, padding=m.padding, stride=m.stride)
+            g = torch.bmm(d.flatten(2), u.transpose(1, 2))  # [B, out, in k k]
+            sq[name + ".weight"] = g.square().sum((1, 2))
+            parts[name + ".weight"] = ("rows", g.flatten(1))
+            if m.bias is not None:
+                gb = d.sum((2, 3))
+                sq[name + ".bias"] = gb.square().sum(1)
+                parts[name + ".bias"] = ("rows", gb)
+    names = list(params)
+    if set(names) != set(sq):
+        raise ValueError("bookkeeping needs every parameter to belong to a Linear or Conv2d layer")
+    per_param = torch.stack([sq[k] for k in names], 1)
+    norms = per_param.sqrt() if per_layer else per_param.sum(1, keepdim=True).sqrt()
+    scale = clip_factors(norms, bounds)
+    out = []
+    for j, k in enumerate(names):
+        s = scale[:, j if per_layer else 0]
+        part = parts[k]
+        if part[0] == "linear":
+            out.append(((part[1] * s[:, None]).T @ part[2]).reshape(-1))
+        else:
+            out.append(s @ part[1])
+    return torch.cat(out), losses.detach(), norms
 
 
 def draw_lot(n: int, q: float, lot: str, generator: torch.Generator) -> torch.Tensor:
@@ -130,7 +236,7 @@ def dp_event(info: dict):
 def dp_sgd(model: nn.Module, w: np.ndarray, shard, lr: float, steps: int, q: float, clip: float,
            noise_multiplier: float, mechanism: str, generator: torch.Generator, *, lot: str = "poisson",
            calibration: str = "sound", layer_bounds: Sequence[float] | None = None, wavelet_scope: str = "flat",
-           physical_batch: int = 256) -> tuple[np.ndarray, float, dict]:
+           physical_batch: int = 256, grad_method: str = "auto") -> tuple[np.ndarray, float, dict]:
     """`steps` DP-SGD steps from flat weights `w` on `shard` (a device_client.training.Shard).
 
     Each step draws a lot, computes per-example gradients g_i, clips them (flat to `clip`, or per layer to
@@ -141,7 +247,11 @@ def dp_sgd(model: nn.Module, w: np.ndarray, shard, lr: float, steps: int, q: flo
     with the wavelet clip on ||W (.) H|| (calibration "sound") or ||H|| (calibration "paper"; see wavelet.py).
     L = q n for Poisson lots, round(q n) for fixed ones. An empty Poisson lot still gets its noise.
 
+    grad_method "bookkeeping" (the default "auto" where every layer is Linear or Conv2d and the mechanism is
+    gaussian) gets the clipped sum without per-example gradient rows; "vmap" forms them with torch.func.
+
     Returns (new flat float32 weights, mean per-example loss over the lots, accounting dict)."""
+    _check("grad_method", grad_method in GRAD_METHODS, f"one of {', '.join(GRAD_METHODS)}", grad_method)
     _check("mechanism", mechanism in MECHANISMS, f"one of {', '.join(MECHANISMS)}", mechanism)
     _check("calibration", calibration in CALIBRATIONS, f"one of {', '.join(CALIBRATIONS)}", calibration)
     _check("wavelet_scope", wavelet_scope in SCOPES, f"one of {', '.join(SCOPES)}", wavelet_scope)
@@ -176,13 +286,18 @@ def dp_sgd(model: nn.Module, w: np.ndarray, shard, lr: float, steps: int, q: flo
         offset += size
 
     layout = WaveletLayout(sizes, wavelet_scope) if mechanism == "wavelet" else None
+    per_layer = layer_bounds is not None
+    layers = _bookkeeping_layers(model) if layout is None else None
+    if grad_method == "bookkeeping":
+        _check("grad_method", layers is not None, "vmap for this model or mechanism (bookkeeping needs the gaussian "
+               "mechanism and only Linear / Conv2d layers)", grad_method)
+    use_bookkeeping = layers is not None and grad_method != "vmap"
     if layout is None:
-        segment_ids = None if layer_bounds is None else torch.repeat_interleave(
-            torch.arange(len(sizes)), torch.tensor(sizes))
+        segments = sizes if per_layer else None
         noise_scale = torch.full((1,), noise_multiplier * sensitivity)
         weights = None
     else:
-        segment_ids = None if layer_bounds is None else torch.from_numpy(layout.segment_ids)
+        segments = layout.padded if per_layer else None
         wt = torch.from_numpy(layout.weights).to(torch.float32)
         noise_scale = noise_multiplier * sensitivity / wt
         weights = wt if calibration == "sound" else None
@@ -195,11 +310,14 @@ def dp_sgd(model: nn.Module, w: np.ndarray, shard, lr: float, steps: int, q: flo
         total = torch.zeros(width)
         for chunk in idx.split(physical_batch):
             x, y = shard.batch(chunk)
-            g, losses = per_example_gradients(model, params, x, y)
-            if layout is not None:
-                g = layout.forward(g)
-            clipped, _ = clip_rows(g, bounds, segment_ids, weights)
-            total += clipped.sum(dim=0)
+            if use_bookkeeping:
+                part, losses, _ = bookkeeping_clipped_sum(model, params, x, y, bounds, per_layer, layers)
+            else:
+                g, losses = per_example_gradients(model, params, x, y)
+                if layout is not None:
+                    g = layout.forward(g)
+                part = clipped_sum(g, clip_factors(row_norms(g, segments, weights), bounds), segments)
+            total += part
             loss_sum += float(losses.sum())
             loss_count += len(chunk)
         total += torch.randn(width, generator=generator) * noise_scale

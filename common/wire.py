@@ -102,9 +102,10 @@ def single_tensor(envelope: pb.Envelope, name: str) -> pb.Tensor:
 
 
 def to_chunks(payload: bytes, chunk_bytes: int) -> Iterator[pb.Chunk]:
+    if len(payload) <= chunk_bytes:  # the common case (a model under net.chunk_kib): no slice, no copy of ours
+        yield pb.Chunk(data=bytes(payload))
+        return
     view = memoryview(payload)
-    if not payload:
-        yield pb.Chunk(data=b"")
     for start in range(0, len(payload), chunk_bytes):
         yield pb.Chunk(data=bytes(view[start:start + chunk_bytes]))
 
@@ -127,7 +128,7 @@ async def read_envelope(chunks: AsyncIterator[pb.Chunk], max_bytes: int) -> tupl
     except DecodeError as exc:  # gRPC's own parse of a stream message that is not a Chunk
         raise WireError(grpc.StatusCode.INVALID_ARGUMENT, f"malformed stream message: {str(exc)[:200]}",
                         "malformed") from None
-    return parse_envelope(b"".join(parts)), size
+    return parse_envelope(parts[0] if len(parts) == 1 else b"".join(parts)), size  # one chunk: parsed in place
 
 
 def parse_envelope(payload: bytes) -> pb.Envelope:

@@ -5,7 +5,8 @@
 
 Reports samples/second (median of --repeats runs, each of --steps steps) and the DP/plain cost ratio
 measured in the same run (target: at most 3x). --opacus also times per-example gradients with Opacus'
-GradSampleModule against torch.func on the same batch (Opacus is optional: pip install opacus --no-deps).
+GradSampleModule against torch.func on the same batch. "dp-sgd" uses the book-keeping (ghost-norm) clipped
+sum, "dp-sgd[vmap]" materialises per-example gradients with torch.func (Opacus is optional: pip install opacus --no-deps).
 Synthetic uint8 images; throughput does not depend on pixel values.
 """
 from __future__ import annotations
@@ -46,7 +47,11 @@ def _median_rates(fns: dict, samples: int, repeats: int) -> dict:
             t = time.perf_counter()
             fn()
             times[k].append(time.perf_counter() - t)
-    return {k: samples / statistics.median(v) for k, v in times.items()}
+    rates = {k: samples / statistics.median(v) for k, v in times.items()}
+    first = next(iter(fns))
+    # cost relative to the first function, as the median of the ratios within each repeat
+    ratios = {k: statistics.median(a / b for a, b in zip(v, times[first])) for k, v in times.items() if k != first}
+    return rates, ratios
 
 
 def bench_training(name: str, batch: int, steps: int, repeats: int, wavelet: bool) -> dict:
@@ -57,7 +62,10 @@ def bench_training(name: str, batch: int, steps: int, repeats: int, wavelet: boo
     fns = {
         "plain": lambda: local_sgd(model, w, shard, 0.05, batch, gen, steps=steps),
         # fixed lots of exactly `batch` examples: the same work per step as plain SGD
-        "dp-sgd": lambda: dp_sgd(model, w, shard, 0.05, steps, q, 1.0, 1.0, "gaussian", gen, lot="fixed"),
+        "dp-sgd": lambda: dp_sgd(model, w, shard, 0.05, steps, q, 1.0, 1.0, "gaussian", gen, lot="fixed",
+                                 grad_method="bookkeeping"),
+        "dp-sgd[vmap]": lambda: dp_sgd(model, w, shard, 0.05, steps, q, 1.0, 1.0, "gaussian", gen, lot="fixed",
+                                       grad_method="vmap"),
     }
     if wavelet:
         fns["dp-sgd-wav"] = lambda: dp_sgd(model, w, shard, 0.05, steps, q, 1.0, 1.0, "wavelet", gen, lot="fixed")
@@ -73,8 +81,8 @@ def bench_per_example(name: str, batch: int, repeats: int) -> dict:
         from opacus import GradSampleModule
     except Exception as exc:  # optional dependency
         out["opacus"] = f"unavailable ({type(exc).__name__})"
-        return {"torch.func": _median_rates({"f": lambda: per_example_gradients(model, params, x, y)}, batch, repeats)["f"],
-                **out}
+        return {"torch.func": _median_rates({"f": lambda: per_example_gradients(model, params, x, y)}, batch,
+                                            repeats)[0]["f"], **out}
     gsm = GradSampleModule(copy.deepcopy(model), loss_reduction="sum")  # Opacus hooks the module it wraps
 
     def opacus_grads():
@@ -86,8 +94,8 @@ def bench_per_example(name: str, batch: int, repeats: int) -> dict:
 
     ref, _ = per_example_gradients(model, params, x, y)
     diff = float((opacus_grads() - ref).abs().max())
-    out = _median_rates({"torch.func": lambda: per_example_gradients(model, params, x, y), "opacus": opacus_grads},
-                        batch, repeats)
+    out, _ = _median_rates({"torch.func": lambda: per_example_gradients(model, params, x, y),
+                            "opacus": opacus_grads}, batch, repeats)
     out["max_abs_diff"] = diff
     return out
 
@@ -107,10 +115,10 @@ def main() -> None:
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, batch {args.batch}, "
           f"steps {args.steps}, median of {args.repeats}")
     for name in args.models:
-        rates = bench_training(name, args.batch, args.steps, args.repeats, args.wavelet)
-        line = "  ".join(f"{k} {v:8.0f} samples/s" for k, v in rates.items())
-        ratios = "  ".join(f"{k}/plain cost x{rates['plain'] / v:.2f}" for k, v in rates.items() if k != "plain")
-        print(f"{name:10s} {line}  |  {ratios}")
+        rates, cost = bench_training(name, args.batch, args.steps, args.repeats, args.wavelet)
+        line = "  ".join(f"{k} {v:.0f}/s" for k, v in rates.items())
+        ratios = "  ".join(f"{k} x{v:.2f}" for k, v in cost.items())
+        print(f"{name:10s} samples/s: {line}  |  cost vs plain (median paired ratio): {ratios}")
         if args.opacus:
             pe = bench_per_example(name, args.batch, args.repeats)
             print(f"{'':10s} per-example gradients: " + "  ".join(

@@ -243,7 +243,8 @@ def dp_sgd(model: nn.Module, w: np.ndarray, shard, lr: float, steps: int, q: flo
     `layer_bounds`), sums, adds noise ONCE (digest P5), divides by the expected lot size and steps by lr:
       gaussian: g^ = (sum_i clip(g_i) + N(0, sigma^2 S^2 I)) / L        (Abadi et al. Alg. 1; S = C or
                 sqrt(sum_j C_j^2))
-      wavelet:  g^ = IHWT(sum_i clip(HWT(g_i)) + N(0, sigma^2 S^2 / W^2)) / L   (paper 002 Alg. 1)
+      wavelet:  g^ = IHWT(sum_i clip(HWT(g_i)) + N(0, sigma^2 S^2 / W^2)) / L   (paper 002 Alg. 1; per-layer
+                bounds need wavelet_scope "per_layer", so each layer's coefficients are clipped to its C_j)
     with the wavelet clip on ||W (.) H|| (calibration "sound") or ||H|| (calibration "paper"; see wavelet.py).
     L = q n for Poisson lots, round(q n) for fixed ones. An empty Poisson lot still gets its noise.
 
@@ -292,36 +293,42 @@ def dp_sgd(model: nn.Module, w: np.ndarray, shard, lr: float, steps: int, q: flo
         _check("grad_method", layers is not None, "vmap for this model or mechanism (bookkeeping needs the gaussian "
                "mechanism and only Linear / Conv2d layers)", grad_method)
     use_bookkeeping = layers is not None and grad_method != "vmap"
+    segments = sizes if per_layer else None
     if layout is None:
-        segments = sizes if per_layer else None
         noise_scale = torch.full((1,), noise_multiplier * sensitivity)
-        weights = None
     else:
-        segments = layout.padded if per_layer else None
-        wt = torch.from_numpy(layout.weights).to(torch.float32)
-        noise_scale = noise_multiplier * sensitivity / wt
-        weights = wt if calibration == "sound" else None
-    width = theta.numel() if layout is None else layout.coeff_length
+        noise_scale = noise_multiplier * sensitivity / torch.from_numpy(layout.weights).to(torch.float32)
+    width = theta.numel()
     expected_lot = float(fixed_lot_size(n, q) if lot == "fixed" else q * n)
 
     loss_sum, loss_count = 0.0, 0
+    total, noise = torch.empty(width), torch.empty(width)
     for _ in range(steps):
         idx = draw_lot(n, q, lot, generator)
-        total = torch.zeros(width)
+        total.zero_()
         for chunk in idx.split(physical_batch):
             x, y = shard.batch(chunk)
             if use_bookkeeping:
                 part, losses, _ = bookkeeping_clipped_sum(model, params, x, y, bounds, per_layer, layers)
             else:
                 g, losses = per_example_gradients(model, params, x, y)
-                if layout is not None:
-                    g = layout.forward(g)
-                part = clipped_sum(g, clip_factors(row_norms(g, segments, weights), bounds), segments)
+                if layout is None:
+                    norms = row_norms(g, segments)
+                else:
+                    norms = layout.row_norms(g, calibration)
+                    if not per_layer and norms.shape[1] > 1:  # flat clip over per-layer transforms
+                        norms = torch.linalg.vector_norm(norms, dim=1, keepdim=True)
+                # the HWT is linear: sum_i s_i HWT(g_i) = HWT(sum_i s_i g_i), so the clipped sum is formed
+                # in the gradient domain and transformed once per lot
+                part = clipped_sum(g, clip_factors(norms, bounds), segments)
             total += part
             loss_sum += float(losses.sum())
             loss_count += len(chunk)
-        total += torch.randn(width, generator=generator) * noise_scale
-        step = total if layout is None else layout.inverse(total)
+        if layout is None:
+            step = total.add_(torch.randn(width, generator=generator, out=noise).mul_(noise_scale))
+        else:
+            h = layout.forward(total)
+            step = layout.inverse(h.add_(torch.randn(h.shape, generator=generator).mul_(noise_scale)))
         theta.sub_(step, alpha=lr / expected_lot)
 
     info = accounting(mechanism=mechanism, calibration=calibration if mechanism == "wavelet" else "sound",

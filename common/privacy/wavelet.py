@@ -112,6 +112,21 @@ def haar_inverse(h):
     return a[0] if single else a
 
 
+def haar_norms(x, weighted: bool):
+    """Per-row ||HWT(x)||_2, or ||W (.) HWT(x)||_2 when `weighted`, accumulated level by level without
+    forming the coefficient vector (x: [B, m], m a power of two)."""
+    b, m = x.shape
+    n = _check_power_of_two(m)
+    a, total = x, 0.0
+    for j in range(1, n + 1):
+        pairs = a.reshape(b, -1, 2)
+        d = (pairs[..., 0] - pairs[..., 1]) / 2
+        total = total + (d * d).sum(-1) * (float(4 ** j) if weighted else 1.0)
+        a = (pairs[..., 0] + pairs[..., 1]) / 2
+    total = total + a[:, 0] * a[:, 0] * (float(m * m) if weighted else 1.0)
+    return total ** 0.5
+
+
 def haar_weights(m: int) -> np.ndarray:
     """Privelet weights W (float64, length m): W(H_0) = m, W(d(j)) = 2^j, in the coefficient order."""
     n = _check_power_of_two(int(m))
@@ -179,6 +194,23 @@ class WaveletLayout:
             start += m
         out = parts[0] if len(parts) == 1 else _cat(parts, rows)
         return out[0] if single else out
+
+    def row_norms(self, x, calibration: str = "sound"):
+        """[B, P] gradients -> [B, segments] norms of the coefficients the calibration clips: ||W (.) H||
+        (sound) or ||H|| (paper), per transformed segment, without forming H."""
+        if calibration not in CALIBRATIONS:
+            raise ValueError(f"calibration must be one of {', '.join(CALIBRATIONS)}, got {calibration!r}")
+        rows, _ = _as_rows(x)
+        if rows.shape[-1] != self.length:
+            raise ValueError(f"x must have {self.length} values per row, got {rows.shape[-1]}")
+        parts, start = [], 0
+        for size, m in zip(self.segments, self.padded):
+            parts.append(haar_norms(pad(rows[:, start:start + size], m), calibration == "sound"))
+            start += size
+        if _is_torch(rows):
+            import torch
+            return torch.stack(parts, dim=1)
+        return np.stack(parts, axis=1)
 
     def weights_like(self, like):
         if _is_torch(like):

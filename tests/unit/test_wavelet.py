@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from hfl.common.privacy.wavelet import (WaveletLayout, coefficient_norms, effective_multiplier, element_noise_variance,
-                                        haar_forward, haar_inverse, haar_weights, lemma2_multiplier, pad, padded_length,
-                                        wavelet_clip, wavelet_gaussian)
+                                        haar_forward, haar_inverse, haar_norms, haar_weights, lemma2_multiplier, pad,
+                                        padded_length, wavelet_clip, wavelet_gaussian)
 
 TABLE_II = [4, 8, 1, 9, 8, 4, 5, 3]
 
@@ -129,3 +129,23 @@ def test_effective_multiplier():
     # the worst case in paper mode: a constant vector puts all of ||H|| on H_0, the weight-m coefficient
     h = haar_forward(np.ones(1024))
     assert np.linalg.norm(h) == 1.0 and coefficient_norms(h, haar_weights(1024)) == 1024.0
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_level_by_level_norms_equal_coefficient_norms(weighted):
+    x = np.random.default_rng(6).normal(size=(5, 512))
+    ref = coefficient_norms(haar_forward(x), haar_weights(512), "sound" if weighted else "paper")
+    np.testing.assert_allclose(haar_norms(x, weighted), ref, rtol=1e-12)
+    xt = torch.from_numpy(x).float()
+    np.testing.assert_allclose(haar_norms(xt, weighted).numpy(), ref, rtol=1e-5)
+
+
+def test_layout_row_norms_per_segment():
+    layout = WaveletLayout([5, 3, 9], scope="per_layer")
+    x = np.random.default_rng(7).normal(size=(4, 17))
+    h = layout.forward(x)
+    got = layout.row_norms(x, "sound")
+    for j, (lo, hi) in enumerate([(0, 8), (8, 12), (12, 28)]):
+        np.testing.assert_allclose(got[:, j], np.linalg.norm(h[:, lo:hi] * layout.weights[lo:hi], axis=1), rtol=1e-12)
+    flat = WaveletLayout([17])
+    np.testing.assert_allclose(flat.row_norms(x, "paper")[:, 0], np.linalg.norm(flat.forward(x), axis=1), rtol=1e-12)

@@ -11,7 +11,8 @@ this process (it gets SIGTERM if we die) and `close()` kills whatever is left, a
 Device hosts follow `topology.host_layout`: per_core (default) starts `topology.device_hosts` hosts (0 =
 one per core) named devices-cH, each emulating a contiguous share of all devices of all edges; per_edge
 starts `hosts_per_edge` hosts per edge named devices-EEE-H. `skip_hosts` names per-edge hosts (a test
-plays their devices), so a Testbed given skip_hosts uses the per_edge layout.
+plays their devices), so a Testbed given skip_hosts uses the per_edge layout; so does one with `certs`
+(a per-core host would need to discover edges whose devices its certificate does not name).
 """
 from __future__ import annotations
 
@@ -105,7 +106,9 @@ class Testbed:
                 cfg = config_mod.from_dict(config_mod.merge_overrides(config_mod.to_dict(cfg), list(self.overrides)))
         else:
             cfg = config_mod.load(self.config, list(self.overrides))
-        if self.skip_hosts and cfg.topology.host_layout != "per_edge":  # the skipped names are per-edge hosts
+        if (self.skip_hosts or self.certs is not None) and cfg.topology.host_layout != "per_edge":
+            # skip_hosts names per-edge hosts; under mutual TLS a host's certificate names its devices, and an
+            # edge refuses the discovery call of a host with none of its members, which a per-core host needs
             cfg = config_mod.from_dict(config_mod.merge_overrides(config_mod.to_dict(cfg), ["topology.host_layout=per_edge"]))
         self.cfg = cfg
         if self.run_dir is None:
@@ -116,7 +119,7 @@ class Testbed:
         if self.certs is not None:
             from hfl.common.certs import testbed_tls_args
 
-            self.extra_args = {**testbed_tls_args(self.certs, cfg), **self._core_host_certs(cfg), **self.extra_args}
+            self.extra_args = {**testbed_tls_args(self.certs, cfg), **self.extra_args}
         self.ports = self.run_dir / "ports"
         self.launched = time.monotonic()
 
@@ -196,25 +199,6 @@ class Testbed:
             self.close()
             raise
         return self
-
-    def _core_host_certs(self, cfg) -> dict[str, list[str]]:
-        """Mutual TLS for per-core device hosts: one device certificate per host, for its contiguous range."""
-        if cfg.topology.host_layout != "per_core":
-            return {}
-        from hfl.common import certs
-
-        d = pathlib.Path(self.certs)
-        members = [topology.device_id(g) for g in range(cfg.num_devices)]
-        hosts = topology.host_count(cfg)
-        args = {}
-        for h in range(hosts):
-            ids = topology.host_slice(members, h, hosts) or members
-            name = core_host_name(h)
-            certs.issue(d, "device", certs.device_range(topology.device_index(ids[0]), len(ids)), name=name,
-                        out_dir=d / "nodes")
-            args[name] = ["--ca", str(d / certs.CA_CERT), "--cert", str(d / "nodes" / f"{name}.pem"),
-                          "--key", str(d / "nodes" / f"{name}.key")]
-        return args
 
     def device_hosts(self) -> list[str]:
         """Names of the device host processes started (or skipped) by this testbed."""

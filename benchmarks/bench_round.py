@@ -4,7 +4,7 @@
     processes and sockets) for each device-host layout (per_core: one host per core; per_edge: one per
     edge), against (i) the 2-core limit, a 2-process plain torch reference that splits the same training
     over both cores (one torch thread each, weights averaged every round through pipes), and (ii) the
-    1-process plain loop (best of 1 and 2 torch threads). Also start-up (launch to the start of round 0)
+    1-process plain loop (1 torch thread; --loop-threads 1 2 takes the best of both). Also start-up (launch to the start of round 0)
     and the peak summed PSS of every process of the testbed. Medians over repeats; every ratio is taken
     against references measured in the same repeat. Targets: <= 1.10x the 2-process reference, start-up
     <= 10 s, peak PSS <= 1.5 GB.
@@ -204,7 +204,7 @@ def layout_overrides(overrides: list[str], layout: str) -> list[str]:
     return overrides + [f"topology.host_layout={layout}"]
 
 
-def bench_a(repeats: int, layouts: list[str]) -> dict:
+def bench_a(repeats: int, layouts: list[str], loop_threads: tuple[int, ...] = (1,)) -> dict:
     cfg = config_mod.load(None, A_OVERRIDES)
     results = []
     for i in range(repeats):
@@ -212,7 +212,7 @@ def bench_a(repeats: int, layouts: list[str]) -> dict:
         for layout in layouts:
             rep["emulated"][layout] = emulated(layout_overrides(A_OVERRIDES, layout), sample_memory=True)
         rep["two_process"] = statistics.median(two_process_round_seconds(cfg, 3))
-        rep["one_process"] = {t: statistics.median(reference_round_seconds(cfg, t, 2)) for t in (1, 2)}
+        rep["one_process"] = {t: statistics.median(reference_round_seconds(cfg, t, 2)) for t in loop_threads}
         loop = min(rep["one_process"].values())
         for layout, emu in rep["emulated"].items():
             emu["vs_two_process"] = emu["round_seconds"] / rep["two_process"]
@@ -220,7 +220,7 @@ def bench_a(repeats: int, layouts: list[str]) -> dict:
             print(f"[a] repeat {i + 1}/{repeats} {layout} ({emu['device_hosts']} device hosts): round "
                   f"{emu['round_seconds']:.2f}s = {emu['vs_two_process']:.3f}x the 2-process reference "
                   f"({rep['two_process']:.2f}s), {emu['vs_one_process']:.3f}x the 1-process loop ({loop:.2f}s; "
-                  f"1 thread {rep['one_process'][1]:.2f}s, 2 threads {rep['one_process'][2]:.2f}s); start-up "
+                  f"threads: {rep['one_process']}); start-up "
                   f"{emu.get('startup_seconds', float('nan')):.1f}s; peak PSS {emu['peak_pss_bytes'] / 2 ** 30:.2f} GiB "
                   f"(RSS {emu['peak_rss_bytes'] / 2 ** 30:.2f})", flush=True)
         results.append(rep)
@@ -259,11 +259,14 @@ def main() -> int:
     parser.add_argument("which", nargs="?", default="all", choices=("a", "b", "all"))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--layouts", nargs="+", default=["per_core", "per_edge"], choices=("per_core", "per_edge"))
+    parser.add_argument("--loop-threads", type=int, nargs="+", default=[1],
+                        help="torch threads of the 1-process loop (best of them is taken; 2 threads on a loaded 2-core "
+                             "machine can be 10x slower)")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
     report = {"machine": {"cpus": psutil.cpu_count(), "memory_gb": round(psutil.virtual_memory().total / 2 ** 30, 1)}}
     if args.which in ("a", "all"):
-        report["a"] = bench_a(args.repeats, args.layouts)
+        report["a"] = bench_a(args.repeats, args.layouts, tuple(args.loop_threads))
         m = report["a"]["median"]
         for layout in args.layouts:
             print(f"(a) {layout}: median round {m[layout]['round_seconds']:.2f}s = {m[layout]['vs_two_process']:.3f}x the "

@@ -114,16 +114,10 @@ def _bookkeeping_layers(model: nn.Module) -> list[tuple[str, nn.Module]] | None:
     return layers
 
 
-def bookkeeping_clipped_sum(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
-                            bounds: torch.Tensor, per_layer: bool, layers: list[tuple[str, nn.Module]]
-                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sum of clipped per-example gradients from one forward and one backward, never holding [B, P].
-
-    Book-keeping / ghost norms (Goodfellow 2015; Li et al. 2022; Bu et al. 2023): with a_i a layer's input
-    and d_i the gradient of example i's loss at the layer's output, a Linear layer's per-example weight
-    gradient is d_i a_i^T, so ||.||^2 = ||d_i||^2 ||a_i||^2, and the clipped sum is (s (.) d)^T a. Conv2d
-    gradients d_i U_i^T (U = unfolded input) are formed per example, as Opacus does; they are small here.
-    Returns (flat clipped sum [P] in parameter order, per-example losses [B], norms [B, segments])."""
+def _bookkeeping_parts(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+                       layers: list[tuple[str, nn.Module]]) -> tuple[dict, dict, torch.Tensor]:
+    """One forward and one backward with hooks: per parameter name, the per-example squared gradient
+    norms [B] and the factors of the per-example gradients (see bookkeeping_clipped_sum)."""
     acts, outs = {}, {}
 
     def keep(module, inputs, output):
@@ -160,9 +154,23 @@ def bookkeeping_clipped_sum(model: nn.Module, params: dict[str, torch.Tensor], x
                 gb = d.sum((2, 3))
                 sq[name + ".bias"] = gb.square().sum(1)
                 parts[name + ".bias"] = ("rows", gb)
-    names = list(params)
-    if set(names) != set(sq):
+    if set(params) != set(sq):
         raise ValueError("bookkeeping needs every parameter to belong to a Linear or Conv2d layer")
+    return sq, parts, losses.detach()
+
+
+def bookkeeping_clipped_sum(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+                            bounds: torch.Tensor, per_layer: bool, layers: list[tuple[str, nn.Module]]
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sum of clipped per-example gradients from one forward and one backward, never holding [B, P].
+
+    Book-keeping / ghost norms (Goodfellow 2015; Li et al. 2022; Bu et al. 2023): with a_i a layer's input
+    and d_i the gradient of example i's loss at the layer's output, a Linear layer's per-example weight
+    gradient is d_i a_i^T, so ||.||^2 = ||d_i||^2 ||a_i||^2, and the clipped sum is (s (.) d)^T a. Conv2d
+    gradients d_i U_i^T (U = unfolded input) are formed per example, as Opacus does; they are small here.
+    Returns (flat clipped sum [P] in parameter order, per-example losses [B], norms [B, segments])."""
+    sq, parts, losses = _bookkeeping_parts(model, params, x, y, layers)
+    names = list(params)
     per_param = torch.stack([sq[k] for k in names], 1)
     norms = per_param.sqrt() if per_layer else per_param.sum(1, keepdim=True).sqrt()
     scale = clip_factors(norms, bounds)
@@ -174,7 +182,7 @@ def bookkeeping_clipped_sum(model: nn.Module, params: dict[str, torch.Tensor], x
             out.append(((part[1] * s[:, None]).T @ part[2]).reshape(-1))
         else:
             out.append(s @ part[1])
-    return torch.cat(out), losses.detach(), norms
+    return torch.cat(out), losses, norms
 
 
 def draw_lot(n: int, q: float, lot: str, generator: torch.Generator) -> torch.Tensor:

@@ -272,3 +272,35 @@ def effective_multiplier(sigma: float, layout: WaveletLayout, calibration: str) 
     if calibration not in CALIBRATIONS:
         raise ValueError(f"calibration must be one of {', '.join(CALIBRATIONS)}, got {calibration!r}")
     return float(sigma) if calibration == "sound" else float(sigma / layout.weights.max())
+
+
+def _stage_layout(vec: np.ndarray, params) -> WaveletLayout:
+    """Plan parameters are floats: `size_0, size_1, ...` select the per-layer scope, none the flat one."""
+    keys = sorted((int(k[5:]), v) for k, v in params.items() if k.startswith("size_") and k[5:].isdigit())
+    if [i for i, _ in keys] != list(range(len(keys))):
+        raise ValueError(f"size_N parameters must be numbered 0..n-1 without gaps, got {[i for i, _ in keys]}")
+    if not keys:
+        return WaveletLayout([len(vec)])
+    return WaveletLayout([int(round(v)) for _, v in keys], "per_layer")
+
+
+def wavelet_gaussian_stage(vec: np.ndarray, rng: np.random.Generator, **params: float) -> np.ndarray:
+    """Pipeline-stage form `fn(vec, rng, **params)` of wavelet_gaussian (DP-FedAvg-WAV noise at a trusted
+    aggregator, paper 002 Alg. 2 step 5): std from `std`, or `noise_multiplier` x `sensitivity`."""
+    if "std" in params:
+        std = float(params["std"])
+    elif "noise_multiplier" in params and "sensitivity" in params:
+        std = float(params["noise_multiplier"]) * float(params["sensitivity"])
+    else:
+        raise ValueError(f"wavelet noise needs `std` or both `noise_multiplier` and `sensitivity`, got {sorted(params)}")
+    return wavelet_gaussian(vec, std, _stage_layout(np.asarray(vec), params), rng)
+
+
+def wavelet_clip_stage(vec: np.ndarray, rng: np.random.Generator, clip: float, weighted: float = 1.0,
+                       **params: float) -> np.ndarray:
+    """Pipeline-stage form of wavelet_clip for user-level updates: weighted = 1 clips ||W (.) H|| <= clip
+    (sound, the default), weighted = 0 clips ||H|| (paper)."""
+    if weighted not in (0, 1, 0.0, 1.0):
+        raise ValueError(f"weighted must be 0 (paper) or 1 (sound), got {weighted!r}")
+    calibration = "sound" if weighted else "paper"
+    return wavelet_clip(vec, clip, _stage_layout(np.asarray(vec), params), calibration)[0]

@@ -149,3 +149,21 @@ def test_layout_row_norms_per_segment():
         np.testing.assert_allclose(got[:, j], np.linalg.norm(h[:, lo:hi] * layout.weights[lo:hi], axis=1), rtol=1e-12)
     flat = WaveletLayout([17])
     np.testing.assert_allclose(flat.row_norms(x, "paper")[:, 0], np.linalg.norm(flat.forward(x), axis=1), rtol=1e-12)
+
+
+def test_stage_forms():
+    from hfl.common.privacy.wavelet import wavelet_clip_stage, wavelet_gaussian_stage
+    vec = np.random.default_rng(8).normal(size=20).astype(np.float32)
+    a = wavelet_gaussian_stage(vec, np.random.default_rng(1), noise_multiplier=2.0, sensitivity=0.5)
+    b = wavelet_gaussian(vec, 1.0, WaveletLayout([20]), np.random.default_rng(1))
+    np.testing.assert_array_equal(a, b)
+    per_layer = wavelet_gaussian_stage(vec, np.random.default_rng(1), std=1.0, size_0=12, size_1=8)
+    np.testing.assert_array_equal(per_layer, wavelet_gaussian(vec, 1.0, WaveletLayout([12, 8], "per_layer"),
+                                                              np.random.default_rng(1)))
+    clipped = wavelet_clip_stage(vec, np.random.default_rng(0), clip=0.5)
+    layout = WaveletLayout([20])
+    assert coefficient_norms(layout.forward(clipped.astype(np.float64)), layout.weights) <= 0.5
+    with pytest.raises(ValueError, match="std"):
+        wavelet_gaussian_stage(vec, np.random.default_rng(0), sensitivity=1.0)
+    with pytest.raises(ValueError, match="weighted"):
+        wavelet_clip_stage(vec, np.random.default_rng(0), clip=0.5, weighted=0.5)

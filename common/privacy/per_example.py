@@ -318,6 +318,8 @@ def dp_sgd(model: nn.Module, w: np.ndarray, shard, lr: float, steps: int, q: flo
         idx = draw_lot(n, q, lot, generator)
         total.zero_()
         for chunk in idx.split(physical_batch):
+            if len(chunk) == 0:  # an empty Poisson lot: the step is noise only
+                continue
             x, y = shard.batch(chunk)
             if use_bookkeeping:
                 part, losses, _ = bookkeeping_clipped_sum(model, params, x, y, bounds, per_layer, layers)

@@ -217,6 +217,18 @@ def test_accounting_dict_and_dp_event_match_dp_accounting():
     assert np.isfinite(rep.get_epsilon(1e-5))
 
 
+@pytest.mark.parametrize("mechanism,method", [("gaussian", "bookkeeping"), ("gaussian", "vmap"), ("wavelet", "auto")])
+def test_empty_poisson_lots_still_get_noise(mechanism, method):
+    # n = 10, q = 1e-4: every one of 3 lots is empty with probability 0.9999^30 = 99.7% (and this seed is
+    # fixed), so the loss is undefined and the update is pure noise of std lr sigma C / (q n) per step
+    model = _model("mlp")
+    w = get_flat(model)
+    new, loss, info = dp_sgd(model, w, _shard(SHAPES["mlp"], 10), 0.1, 3, 1e-4, 1.0, 1.0, mechanism,
+                             torch.Generator().manual_seed(0), grad_method=method)
+    assert np.isnan(loss) and info["steps"] == 3
+    assert np.std(new - w) > 0.1
+
+
 def test_per_layer_dp_sgd_and_determinism():
     model = _model("mlp")
     w = get_flat(model)

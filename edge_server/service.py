@@ -438,7 +438,9 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
     def _aggregate(self, barrier: Barrier, cluster_w: np.ndarray, phase: pb.Phase, step: int, round_: int) -> np.ndarray:
         nodes = sorted(barrier.contributions)  # arrival order must not matter
         reply_vec = None
-        if nodes:
+        # under Poisson client sampling an empty draw still releases noise: the accountant's subsampled
+        # mechanism is "sum of the drawn / fixed denominator + N", whatever was drawn
+        if nodes or "fixed_denominator" in self.cplan:
             contributions = [barrier.contributions[n] for n in nodes]
             weights = [c.samples if self.edge_weights == "samples" else 1 for c in contributions]
             agg = self._private_aggregate(contributions, weights, nodes, phase, step, round_)
@@ -488,8 +490,11 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
             rng = numpy_rng(self.cfg.run.seed, "edge", self.index, round_, step, "dp_noise")
             agg, z, sens = on_wire.apply_noise(agg, self.cplan, stream, rng)
             if z:
-                self.dp_records.append(on_wire.record("edge", self.id, nodes, self.cplan, z, sens, round_, stream,
-                                                      self.cplan.get("client_rate", 1.0)))
+                rate = self.cplan.get("client_rate", 1.0)
+                # Poisson client sampling: the release covers every member (each could have been drawn), each
+                # charged at rate q_c; charging only the drawn ones would under-count epsilon
+                covers = self.members if rate < 1.0 else nodes
+                self.dp_records.append(on_wire.record("edge", self.id, covers, self.cplan, z, sens, round_, stream, rate))
         return agg
 
     async def _submit(self, task: pb.RoundTask, step: int, delta: np.ndarray, members: set[str]) -> None:

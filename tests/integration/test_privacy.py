@@ -85,11 +85,16 @@ def test_a_site_lowers_its_own_trust(hfl_testbed):
 
 def test_dp_fedavg_behind_trusted_edges(hfl_testbed):
     tb = hfl_testbed(overrides=SMALL + ["run.algorithm=dp-fedavg", "privacy.trust=trusted", "privacy.clip=0.5",
-                                        "privacy.epsilon=50", "run.rounds=2", "train.gamma=10"])
+                                        "privacy.epsilon=50", "privacy.client_rate=0.5", "run.rounds=2",
+                                        "train.gamma=10"])
     summary = tb.wait(timeout=300)
     events = [DpRecord.from_json(e) for line in ledger_lines(tb) for e in line["events"]]
     assert summary["rounds"] == 2 and events and {e.tier for e in events} == {"edge"}
     assert summary["final_accuracy"] > 0.1
+    # Poisson client sampling: every round charges every member of the edge at rate q_c, drawn or not
+    assert len(events) == 2 * 2 and all(e.sampling_rate == 0.5 and len(e.covers) == 3 for e in events)
+    planned = summary["privacy"]["noise"]["edge-000"]["global"]["epsilon_planned"]
+    assert summary["privacy"]["epsilon_max"] == pytest.approx(planned, rel=1e-6)
 
 
 def test_dp_fedavg_refused_behind_an_untrusted_edge(tmp_path):

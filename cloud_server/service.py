@@ -40,6 +40,17 @@ from hfl.proto import hfl_v1_pb2_grpc as pbg
 log = logging.getLogger("hfl.cloud")
 
 
+def launch_to_now() -> float:
+    """Seconds since the run was launched (HFL_LAUNCHED_AT, set by the launcher), else since this process began."""
+    try:
+        launched = float(os.environ["HFL_LAUNCHED_AT"])
+    except (KeyError, ValueError):
+        import psutil
+
+        launched = psutil.Process().create_time()
+    return round(time.time() - launched, 3)
+
+
 @dataclass
 class EdgeResult:
     delta: np.ndarray
@@ -98,6 +109,7 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
         self.cluster_samples = {e: sum(self.device_samples[topology.device_index(d)]
                                        for d in topology.edge_members(self.cfg, topology.edge_index(e))) for e in self.edges}
         self.first_round, self.rows = 0, []
+        self.startup_seconds: float | None = None
         if self.resume:
             self._load_checkpoint()
             self.round = self.first_round  # edges may submit this round as soon as they reconnect
@@ -313,6 +325,8 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
             task = pb.RoundTask(round=r, phases=plan, clusters=clusters)
             await self.board.publish(r, pb.Envelope(meta=pb.Meta(run_id=self.run_id, round=r, sender_id="cloud"),
                                                     tensors=[tensor], task=task), self.chunk_bytes)
+            if self.startup_seconds is None:
+                self.startup_seconds = launch_to_now()
             await self._await_results(r, cfg.net.phase_timeout_s * (len(plan) + 1))
             self.w, rejected = self._aggregate(cloud_weights)
             stats = self._round_stats(r, started, round_started)
@@ -477,6 +491,7 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
             "aggregates_rejected": self.rejected_aggregates,
             "diverged": any(r.get("diverged") for r in rows),
             "resumed": self.resume,
+            "startup_seconds": self.startup_seconds,
             "stop_reason": self.stop_reason,
             "model": self.cfg.model.name,
             "model_parameters": self.dim,

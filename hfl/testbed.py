@@ -139,8 +139,10 @@ class Testbed:
         self.nodes[name] = node
         return node
 
-    def _launch(self, node: Node) -> None:
+    def _launch(self, node: Node, restarted: bool = False) -> None:
         env = dict(os.environ, PYTHONUNBUFFERED="1", **(self.env or {}))
+        if restarted:  # a restarted cloud's start-up runs from its own launch
+            env.pop("HFL_LAUNCHED_AT", None)
         with open(node.log_path, "ab") as log:
             node.proc = subprocess.Popen(node.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env=env, preexec_fn=_die_with_parent)
@@ -171,6 +173,7 @@ class Testbed:
             config_path.write_text(config_mod.to_toml(self.cfg))
         deadline = time.monotonic() + self.start_timeout
         self.launched = time.monotonic()
+        self.env = {**(self.env or {}), "HFL_LAUNCHED_AT": repr(time.time())}  # start-up time in summary.json
         try:
             cloud = self._spawn("cloud", ["cloud", str(config_path), "--listen", "127.0.0.1:0", "--run-dir", str(self.run_dir),
                                           "--port-file", str(self.ports / "cloud")]
@@ -243,7 +246,7 @@ class Testbed:
             argv.append("--resume")
         node.argv, node.expected_exit = argv, False
         (self.ports / name).unlink(missing_ok=True)
-        self._launch(node)
+        self._launch(node, restarted=True)
         return node
 
     def running(self) -> list[Node]:

@@ -1,4 +1,6 @@
 """Whole runs with real processes (cloud, 2 edges, device hosts) on 127.0.0.1."""
+import time
+
 import numpy as np
 import pytest
 
@@ -23,6 +25,7 @@ def test_algorithm_learns(hfl_testbed, algorithm, extra):
         assert key in rows[0]
     for key in ("final_accuracy", "rounds", "wall_seconds", "algorithm", "seed"):
         assert key in summary
+    assert 0 < summary["startup_seconds"] < time.monotonic() - tb.launched  # launch to the first round published
     run = tb.run_dir
     checkpoint = np.load(run / "checkpoint.npz")
     assert int(checkpoint["round"]) == 3 and checkpoint["weights"].shape == (summary["model_parameters"],)

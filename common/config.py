@@ -113,6 +113,21 @@ class NetSection:
 
 
 @dataclass(frozen=True)
+class LatencySection:
+    auto_tau_gamma: bool = doc(False, "qhetfed: the cloud picks (tau, gamma) before every round with paper 001's Sec. IV "
+                                      "optimiser (integer search) for deadline_s and q1 measured in the previous round "
+                                      "(the QSGD bound for s1 before any measurement); train.tau and train.gamma are unused")
+    deadline_s: float = doc(156.0, "per-round time budget T_di (paper 001 Fig. 9)")
+    t_cp_s: float = doc(0.049152, "T_di model: one local SGD step, c D / f (Table III: c = 20 cycles/bit, f = 1 GHz; "
+                                  "D = 100 x 3072 x 8 bits, digest 001 section 5)")
+    t_de_s: float = doc(3.3356, "T_di model: one device -> edge upload, d_b / (B log2(1 + h p / N0)) (Table III; d_b = 32 d "
+                                "of the paper's CNN, d = 591,274)", min=0.0)
+    t_ec_s: float = doc(33.356, "T_di model: one edge -> cloud upload (Table III: 10 t_DE)", min=0.0)
+    uploads: str = choice("paper", ("paper", "exact"), "device uploads per QHetFed round in T_di: paper = tau (the "
+                          "paper's formula), exact = tau + 1 (digest 001 section 10)")
+
+
+@dataclass(frozen=True)
 class Config:
     run: RunSection = field(default_factory=RunSection)
     topology: TopologySection = field(default_factory=TopologySection)
@@ -123,6 +138,7 @@ class Config:
     pipeline: PipelineSection = field(default_factory=PipelineSection)
     net: NetSection = field(default_factory=NetSection)
     privacy: "PrivacySection" = field(default_factory=lambda: _privacy_section()())
+    latency: LatencySection = field(default_factory=LatencySection)
 
     @property
     def num_devices(self) -> int:
@@ -245,10 +261,17 @@ def validate_cross(config: Config) -> None:
         raise ConfigError(f"train.participants = {config.train.participants} exceeds topology.devices_per_edge "
                           f"= {config.topology.devices_per_edge}")
     section = config.privacy
+    if algorithm.trust and (section.trusted_fraction != -1.0 or section.trust_table):
+        key = "privacy.trust_table" if section.trust_table else f"privacy.trusted_fraction = {section.trusted_fraction}"
+        raise ConfigError(f"{key}: {algorithm.name} fixes every edge's trust to {algorithm.trust}; unset it "
+                          "(trusted_fraction = -1.0) or use h2fdp, whose trust the policy decides")
     if algorithm.privacy:
         section = dataclasses.replace(section, enabled=True, placement=algorithm.privacy,
                                       trust=algorithm.trust or section.trust)
     validate_privacy(section, topology.edge_ids(config), config.run.algorithm)
+    from hfl.common.quantization import schedule
+
+    schedule.validate(config)
 
 
 def validate_choices(config: Config) -> None:

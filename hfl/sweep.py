@@ -225,8 +225,17 @@ def _numbers(obj: Any, prefix: str = "") -> dict[str, float]:
 
 
 def epsilon_fields(summary: dict) -> dict[str, float]:
-    """Every numeric summary field whose name holds "epsilon" (nested keys dotted), e.g. epsilon_claimed."""
-    return {k: v for k, v in _numbers(summary).items() if "epsilon" in k.rsplit(".", 1)[-1]}
+    """The run-level numeric summary fields whose name holds "epsilon", at most one level deep (nested keys
+    dotted: epsilon_claimed, privacy.epsilon_mean); per-edge planning details stay in summary.json."""
+    return {k: v for k, v in _numbers(summary).items() if "epsilon" in k.rsplit(".", 1)[-1] and k.count(".") <= 1}
+
+
+def epsilon_label(key: str) -> str:
+    """Which kind of figure an epsilon column holds: never blur the accountant's with a paper's claim."""
+    name = key.rsplit(".", 1)[-1]
+    kind = ("the paper's claim, not a measurement" if "claimed" in name else "the configured budget"
+            if "budget" in name else "accountant")
+    return f"{key} ({kind})"
 
 
 def mean_std(values: list[float]) -> dict[str, Any]:
@@ -270,7 +279,7 @@ def _fmt(stat: dict) -> str:
 def markdown(spec: Spec, cells: list[dict]) -> str:
     eps_keys = sorted({k for c in cells for k in c["epsilon"]})
     head = (["cell"] + spec.varied_keys + ["runs"] + [f"{f} (mean ± std)" for f in spec.report["fields"]]
-            + [f"{k} (privacy, from summary.json)" for k in eps_keys])
+            + [epsilon_label(k) for k in eps_keys])
     lines = [f"# Sweep {spec.name}", "", f"Spec: `{spec.path}`. Mean ± sample standard deviation over seeds "
              f"(n = finished runs).", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in cells:

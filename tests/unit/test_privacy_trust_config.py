@@ -107,3 +107,13 @@ def test_dp_fedavg_by_algorithm_name_needs_trust():
     with pytest.raises(ConfigError, match="trusted aggregator"):
         validate_privacy(section(enabled=True), EDGES, algorithm="dp-fedavg")
     validate_privacy(section(enabled=True), EDGES, algorithm="h2fdp")  # HFL-DP: devices add the noise
+
+
+@pytest.mark.parametrize("algorithm", ["hfl-dp", "pedpfl-style"])
+def test_fixed_trust_algorithms_refuse_a_trust_setting(algorithm):
+    from hfl.common.config import load
+
+    edges = ["topology.edges=1"] if algorithm == "pedpfl-style" else []
+    with pytest.raises(ConfigError, match=r"privacy\.trusted_fraction = 1\.0: .* fixes every edge's trust"):
+        load(overrides=[f"run.algorithm={algorithm}", "privacy.trusted_fraction=1.0"] + edges)
+    assert load(overrides=[f"run.algorithm={algorithm}"] + edges).run.algorithm == algorithm

@@ -136,7 +136,7 @@ def test_results_table_json_and_plots(tmp_path):
     table = (tmp_path / "out" / "results.md").read_text()
     assert "| train.lr=0.1 | 0.1 | 2/2 | 0.6000 ± 0.1414 | 10.0000 ± 0.0000 | 2.0000 ± 0.0000 | 1.5000 ± 0.7071 |" in table
     assert "| train.lr=0.2 | 0.2 | 1/2 | 0.9000 ± 0.0000 |" in table
-    assert "epsilon_claimed (privacy, from summary.json)" in table and "privacy.epsilon (privacy, from summary.json)" in table
+    assert "epsilon_claimed (the paper's claim, not a measurement)" in table and "privacy.epsilon (accountant)" in table
     assert "TestbedError: cloud failed" in table and "\nlog" not in table
     assert json.loads((tmp_path / "out" / "results.json").read_text())["cells"][1]["runs"][1]["error"].startswith("TestbedError")
     assert sorted(result["plots"]) == ["accuracy_vs_emulated_seconds__train.lr-0.1.png", "accuracy_vs_emulated_seconds__train.lr-0.2.png",

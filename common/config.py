@@ -139,6 +139,8 @@ class Config:
     net: NetSection = field(default_factory=NetSection)
     privacy: "PrivacySection" = field(default_factory=lambda: _privacy_section()())
     latency: LatencySection = field(default_factory=LatencySection)
+    channel: "ChannelSection" = field(default_factory=lambda: _lazy_section("ChannelSection")())
+    clock: "ClockSection" = field(default_factory=lambda: _lazy_section("ClockSection")())
 
     @property
     def num_devices(self) -> int:
@@ -149,6 +151,14 @@ def _privacy_section():
     from hfl.common.privacy.config import PrivacySection
 
     return PrivacySection
+
+
+_LAZY_SECTIONS = {"PrivacySection": "hfl.common.privacy.config", "ChannelSection": "hfl.common.channel.config",
+                  "ClockSection": "hfl.common.channel.config"}
+
+
+def _lazy_section(name: str) -> type:
+    return getattr(importlib.import_module(_LAZY_SECTIONS[name]), name)
 
 
 def _resolve_choices(choices: tuple[str, ...] | str) -> list[str]:
@@ -204,9 +214,8 @@ def _section_class(f: dataclasses.Field) -> type | None:
         return None
     if dataclasses.is_dataclass(f.default_factory):
         return f.default_factory
-    if str(f.type).strip("'\"") == "PrivacySection":
-        return _privacy_section()
-    return None
+    name = str(f.type).strip("'\"")
+    return _lazy_section(name) if name in _LAZY_SECTIONS else None
 
 
 def _hints(f: dataclasses.Field) -> Any:
@@ -272,6 +281,12 @@ def validate_cross(config: Config) -> None:
     from hfl.common.quantization import schedule
 
     schedule.validate(config)
+    from hfl.common.channel.config import validate_channel
+
+    validate_channel(config.channel, config.clock)
+    if config.channel.model != "ideal":
+        raise ConfigError(f"channel.model = {config.channel.model!r}: no round plan runs on the wireless medium yet "
+                          "(issue 9, items 2-3); only \"ideal\" is wired")
 
 
 def validate_choices(config: Config) -> None:

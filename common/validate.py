@@ -74,6 +74,12 @@ SCALARS.register("restarts", ScalarSpec(0.0, 1e6, "times the edge restarted its 
 SCALARS.register("q_uplink", ScalarSpec(0.0, 1e12, "mean measured quantizer error ||Q(x) - x||^2 / ||x||^2 of the "
                                                      "devices' uploads this round"))
 SCALARS.register("clipped", ScalarSpec(0.0, 1e9, "uploads a trusted edge clipped to the plan's bound"))
+SCALARS.register("samples_processed", ScalarSpec(0.0, 1e12, "samples a device trained on since its previous upload "
+                                                             "(emulated compute time; the edge infers it from the plan "
+                                                             "when absent)"))
+SCALARS.register("clock_seconds", ScalarSpec(0.0, 1e12, "emulated seconds of the cluster's device phases this round"))
+SCALARS.register("device_joules", ScalarSpec(0.0, 1e15, "emulated energy of the cluster's devices this round"))
+SCALARS.register("edge_joules", ScalarSpec(0.0, 1e15, "emulated energy of the edge's broadcasts this round"))
 
 
 def check_scalars(scalars, sender: str) -> dict[str, float]:

@@ -9,8 +9,6 @@ from dataclasses import dataclass
 
 from hfl.common.config import ConfigError, choice, doc
 
-from .ota import OtaParams
-
 
 @dataclass(frozen=True)
 class ChannelSection:
@@ -39,7 +37,9 @@ class ChannelSection:
     interference: bool = doc(True, "false: every receiver hears only its own cluster")
     noise: bool = doc(True, "false: no AWGN")
 
-    def ota_params(self) -> OtaParams:
+    def ota_params(self):
+        from .ota import OtaParams  # scipy.spatial: only where the medium runs
+
         return OtaParams(alpha=self.alpha, th1=self.th1, th0=self.th0, P_u=self.P_u, P_d=self.P_d,
                          sigma_d2=self.sigma_d2, sigma_en2=self.sigma_en2, sigma_dn2=self.sigma_dn2,
                          fading=self.fading, interference=self.interference, noise=self.noise,
@@ -58,17 +58,22 @@ class ClockSection:
     beta0_db: float = doc(-30.0, "path loss at d0 (paper 000 App. D)")
     pathloss_exponent: float = doc(3.75, "digital-link path-loss exponent (paper 000 App. D)")
     d0: float = doc(1.0, "reference distance in metres (paper 000: not given, 1 m)")
-    device_distance: float = doc(50.0, "device-edge distance of digital links when no topology is drawn (m)")
+    geometry: str = choice("ring", ("ring", "matern", "fixed"),
+                           "device-edge distances of digital links: ring = each device uniform in the [channel] ring "
+                           "[r0, R] (paper 003's offset law); matern = the MCP-H plane of [channel]; fixed = device_distance")
+    device_distance: float = doc(50.0, "geometry = fixed: every device's distance to its edge (m; paper 000's example)")
     fading: bool = doc(True, "redraw Rayleigh fading per digital message (paper 000)")
     backhaul_rate_bps: float = doc(1e8, "edge <-> cloud rate (paper 000 App. D)")
-    edge_power_dbm: float = doc(38.0, "edge transmit power on the backhaul (paper 000 App. D)")
-    bits_per_param: int = doc(32, "bits per parameter of an unquantized message", min=1)
+    edge_power_dbm: float = doc(38.0, "edge transmit power: broadcasts to its devices and the backhaul (paper 000 App. D)")
+    downlink: bool = doc(True, "count the edges' broadcasts to their devices (paper 003 does; papers 000 and 001 count "
+                               "uploads only)")
     cycles_per_sample: float = doc(20.0 * 2.5e6 / 60, "CPU cycles per training sample: paper 003's c N_b / B "
                                    "(20 cycles/bit x 2.5 Mbit per 60-sample step), so t_CM = 0.05 s at 1 GHz")
     cpu_hz: float = doc(1e9, "mean device CPU frequency f (papers 001, 003)")
     cpu_spread: float = doc(0.0, "devices' f uniform in [f (1 - spread), f (1 + spread)]", min=0.0, max=0.99)
     kappa: float = doc(1e-28, "effective switched capacitance (J s^2 / cycle^3); not in the papers, a common value")
-    pace: bool = doc(False, "make wall-clock time follow emulated time")
+    pace: bool = doc(False, "hold each round until wall-clock time since the start reaches the emulated time (round "
+                            "granularity; a run slower than its emulated time is not slowed further)")
 
 
 def _fail(key: str, message: str) -> None:

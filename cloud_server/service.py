@@ -29,6 +29,7 @@ from hfl.common.data import load_dataset
 from hfl.common.models import build, get_flat, init_parameters, num_parameters
 from hfl.common.partition import partition
 from hfl.common.pipeline import Link
+from hfl.common.quantization.schedule import RoundSchedule
 from hfl.common.seeding import numpy_rng, torch_generator
 from hfl.common.service_base import Guarded, Liveness, Refusals, RoundBoard, hold_presence, refuse
 from hfl.device_client.training import evaluate, make_shard
@@ -91,6 +92,7 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
         self.downlink = Link.from_config(cfg.pipeline, "downlink")
         self.bytes_up = 0
         self.bytes_down = 0
+        self.tau_gamma: dict | None = None  # summary.json: how tau and gamma were set
 
     def prepare(self) -> None:
         """Load the test set and build the initial model (seeded by the run seed alone)."""
@@ -304,7 +306,7 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
             self.live.absent |= missing
             if missing:
                 log.warning("starting without edges %s (they may still rejoin)", sorted(missing))
-        plan = plans.build_plan(cfg)
+        schedule = RoundSchedule(cfg, self.dim, self.rows)  # the plan of each round; virtual_seconds
         if plans.is_private(cfg):
             self.policy = PrivacyPolicy(cfg, self.edges, self.device_samples, self.run_dir, self.claims)
             metrics.write_json(self.run_dir / "privacy.json", self.policy.describe())
@@ -322,6 +324,7 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
             if clusters is None:
                 break
             tensor = self.downlink.send(self.w, "model", cfg.run.seed, 0, r, -1)[0]
+            plan = schedule.plan(r)
             task = pb.RoundTask(round=r, phases=plan, clusters=clusters)
             await self.board.publish(r, pb.Envelope(meta=pb.Meta(run_id=self.run_id, round=r, sender_id="cloud"),
                                                     tensors=[tensor], task=task), self.chunk_bytes)
@@ -331,6 +334,7 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
             self.w, rejected = self._aggregate(cloud_weights)
             stats = self._round_stats(r, started, round_started)
             stats["aggregate_rejected"] = rejected
+            stats.update(schedule.record(stats))
             if self.policy is not None:
                 stats.update(self.policy.record(r, {e: res.transforms for e, res in self.results.items()}))
             # Round r's evaluation overlaps round r + 1 (it runs on its own thread); its row is written
@@ -345,6 +349,7 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
                 break
         if pending is not None:
             await self._write_row(*pending, rows, metrics_path)
+        self.tau_gamma = schedule.describe()
         await self._finish(rows, started)
         executor.shutdown(wait=False)
         return 0 if self.stop_reason or any(r["edges"] for r in rows[-1:]) else 1
@@ -499,6 +504,7 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
             "devices": self.cfg.num_devices,
             "edges": self.cfg.topology.edges,
             "weights": {"edge": plans.weights_rule(self.cfg, "edge"), "cloud": plans.weights_rule(self.cfg, "cloud")},
+            "tau_gamma": self.tau_gamma,
         }
         if self.policy is not None:
             summary["privacy"] = self.policy.describe()

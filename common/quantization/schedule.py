@@ -1,0 +1,191 @@
+"""Paper 001's latency model applied to runs: virtual runtime per round and the cloud's (tau, gamma) choice.
+
+`[latency]` holds the model's inputs (t_CP, t_DE, t_EC, the per-round deadline T_di; defaults from digest 001
+sections 5 and 8). For the algorithms registered in LATENCY_MODELS the cloud records `virtual_seconds`, the
+cumulative sum of T_di(tau_r, gamma_r) over the rounds run (the x axis of the paper's runtime figures 5-8).
+
+With `latency.auto_tau_gamma = true` (qhetfed only) the cloud picks (tau, gamma) before every round with the
+brute-force optimiser of latency_opt (paper 001 Sec. IV) and builds that round's plan from them. The q1 in
+k = C (1 + q1) / N is the uplink q measured in the previous round (`q_uplink`), or before any round has been
+measured the theoretical one: QSGD's bound min(d/s^2, sqrt(d)/s) for the uplink levels s1 (d = the bucket, or
+the whole model), 0 for an exact float encoding. Which one was used is logged and recorded per round
+(`q1_source`: "measured" | "theory").
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from hfl.common.registry import Registry
+
+from . import latency_opt as lo
+from . import theory
+
+log = logging.getLogger("hfl.schedule")
+
+EXACT_ENCODINGS = ("float32", "float16")  # q ~ 0 (float16 rounds to 2^-11 relative: negligible against QSGD's q)
+
+
+@dataclass(frozen=True)
+class LatencyModel:
+    """T_di(tau, gamma, latency section) of one algorithm; `optimisable`: latency.auto_tau_gamma applies."""
+    seconds: Callable[[int, int, object], float]
+    reference: str
+    optimisable: bool = False
+
+
+LATENCY_MODELS: Registry = Registry("latency model")
+LATENCY_MODELS.register("qhetfed", LatencyModel(
+    lambda tau, gamma, s: float(lo.round_latency(tau, gamma, s.t_cp_s, s.t_de_s, s.t_ec_s, s.uploads)),
+    "paper 001 Sec. IV: (tau + gamma) t_CP + tau t_DE + t_EC", optimisable=True))
+LATENCY_MODELS.register("qhetfed-gamma1", LatencyModel(
+    lambda tau, gamma, s: float(lo.round_latency(tau, 1, s.t_cp_s, s.t_de_s, s.t_ec_s, s.uploads)),
+    "paper 001 Sec. IV with gamma = 1 (Corollary 2): (tau + 1) t_CP + tau t_DE + t_EC"))
+LATENCY_MODELS.register("hier-local-qsgd", LatencyModel(
+    lambda tau, gamma, s: float(lo.hier_local_qsgd_latency(tau, gamma, s.t_cp_s, s.t_de_s, s.t_ec_s)),
+    "paper 001 eq. 50: tau gamma t_CP + tau t_DE + t_EC"))
+
+
+def latency_model(cfg) -> LatencyModel | None:
+    """The algorithm's latency model, or None (no model, or gamma counted in epochs, which T_di cannot time)."""
+    if cfg.run.algorithm not in LATENCY_MODELS or cfg.train.local_unit != "steps":
+        return None
+    return LATENCY_MODELS.get(cfg.run.algorithm)
+
+
+def validate(cfg) -> None:
+    """Config checks of [latency] (ConfigError naming the key); feasibility of the deadline when auto."""
+    from hfl.common.config import ConfigError
+
+    s = cfg.latency
+    for key in ("deadline_s", "t_cp_s", "t_de_s", "t_ec_s"):
+        value = getattr(s, key)
+        if not math.isfinite(value):
+            raise ConfigError(f"latency.{key} must be finite, got {value!r}")
+    if s.t_cp_s <= 0 or s.deadline_s <= 0:
+        key = "t_cp_s" if s.t_cp_s <= 0 else "deadline_s"
+        raise ConfigError(f"latency.{key} must be > 0, got {getattr(s, key)!r}")
+    if not s.auto_tau_gamma:
+        return
+    model = LATENCY_MODELS.get(cfg.run.algorithm) if cfg.run.algorithm in LATENCY_MODELS else None
+    if model is None or not model.optimisable:
+        allowed = [n for n in LATENCY_MODELS if LATENCY_MODELS.get(n).optimisable]
+        raise ConfigError(f"latency.auto_tau_gamma: paper 001's (tau, gamma) optimiser is defined for "
+                          f"{', '.join(allowed)}, not run.algorithm = {cfg.run.algorithm!r}")
+    if cfg.train.local_unit != "steps":
+        raise ConfigError("latency.auto_tau_gamma needs train.local_unit = \"steps\" (T_di counts SGD steps)")
+    encoding = cfg.pipeline.uplink_encoding
+    if encoding != "qsgd" and encoding not in EXACT_ENCODINGS:
+        raise ConfigError(f"latency.auto_tau_gamma: pipeline.uplink_encoding = {encoding!r} has no relative-error "
+                          f"bound q1; use qsgd or one of {', '.join(EXACT_ENCODINGS)}")
+    check_deadline(s)
+
+
+def check_deadline(s) -> None:
+    """The deadline must leave room for tau = gamma = 1."""
+    from hfl.common.config import ConfigError
+
+    least = float(lo.round_latency(1, 1, s.t_cp_s, s.t_de_s, s.t_ec_s, s.uploads))
+    if s.deadline_s < least:
+        raise ConfigError(f"latency.deadline_s = {s.deadline_s!r} leaves no (tau >= 1, gamma >= 1): it must be at "
+                          f"least T_di(1, 1) = {least:.6g} s with these t_cp_s, t_de_s, t_ec_s")
+
+
+def theoretical_q(cfg, dim: int) -> tuple[float, str]:
+    """q1 before any measurement and how it was obtained (for the log and summary.json)."""
+    from hfl.common.pipeline import Link
+
+    link = Link.from_config(cfg.pipeline, "uplink")
+    if link.encoding in EXACT_ENCODINGS:
+        return 0.0, f"{link.encoding} uplink (exact)"
+    if link.encoding != "qsgd":
+        raise ValueError(f"pipeline.uplink_encoding = {link.encoding!r}: no theoretical q1 (use qsgd)")
+    from hfl.common.wire import CODECS
+
+    p = CODECS.get("qsgd").params(**link.encode_params)
+    d = p["bucket_size"] if 0 < p["bucket_size"] < dim else dim
+    return float(theory.qsgd_variance_bound(d, p["levels"])), \
+        f"QSGD bound min(d/s^2, sqrt(d)/s) with s1 = {p['levels']}, d = {d}"
+
+
+def choose(cfg, dim: int, q1: float | None = None) -> tuple[lo.TauGammaChoice, float, str]:
+    """(choice, q1 used, where q1 came from): q1 given = measured, else the theoretical q1."""
+    if q1 is None:
+        q1, source = theoretical_q(cfg, dim)
+        source = f"theory ({source})"
+    else:
+        source = "measured"
+    s = cfg.latency
+    check_deadline(s)
+    choice = lo.choose_tau_gamma(s.deadline_s, s.t_cp_s, s.t_de_s, s.t_ec_s, num_edges=cfg.topology.edges,
+                                 num_devices=cfg.num_devices, q1=q1, uploads=s.uploads)
+    return choice, float(q1), source
+
+
+def with_tau_gamma(cfg, tau: int, gamma: int):
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, tau=int(tau), gamma=int(gamma)))
+
+
+class RoundSchedule:
+    """The cloud's per-round (tau, gamma) and virtual clock. `rows` are the metrics rows already written
+    (a resumed run continues its virtual clock and uses its last measured q)."""
+
+    def __init__(self, cfg, dim: int, rows: list[dict] | None = None):
+        from hfl.common import plans
+
+        self.cfg, self.dim = cfg, dim
+        self.model = latency_model(cfg)
+        self.auto = cfg.latency.auto_tau_gamma
+        rows = rows or []
+        self.virtual = float(rows[-1].get("virtual_seconds") or 0.0) if rows else 0.0
+        self.measured_q = next((r["q_uplink"] for r in reversed(rows) if r.get("q_uplink") is not None), None)
+        self.fixed = None if self.auto else plans.build_plan(cfg)
+        self.current: dict = {"tau": cfg.train.tau, "gamma": cfg.train.gamma}
+        self.choices: list[dict] = []
+
+    def plan(self, r: int) -> list:
+        """Round r's phases: the configured plan, or one built from this round's optimised (tau, gamma)."""
+        if not self.auto:
+            return self.fixed
+        from hfl.common import plans
+
+        choice, q1, source = choose(self.cfg, self.dim, self.measured_q)
+        self.current = {"tau": choice.tau, "gamma": choice.gamma, "phi": choice.phi, "q1_used": q1,
+                        "q1_source": "measured" if source == "measured" else "theory"}
+        self.choices.append({"round": r, **self.current, "round_virtual_seconds": choice.latency,
+                             "q1_detail": source if source != "measured" else f"q_uplink of round {r - 1}"})
+        log.info("round %d: tau=%d gamma=%d (Phi %.4g, T_di %.4g s of %.4g s) with q1=%.4g from %s", r, choice.tau,
+                 choice.gamma, choice.phi, choice.latency, self.cfg.latency.deadline_s, q1, self.choices[-1]["q1_detail"])
+        return plans.build_plan(with_tau_gamma(self.cfg, choice.tau, choice.gamma))
+
+    def record(self, stats: dict) -> dict:
+        """Metrics columns for the round just aggregated; remembers its measured q for the next choice."""
+        if stats.get("q_uplink") is not None:
+            self.measured_q = float(stats["q_uplink"])
+        out = {}
+        if self.model is not None:
+            self.virtual += self.model.seconds(self.current["tau"], self.current["gamma"], self.cfg.latency)
+            out["virtual_seconds"] = self.virtual
+        if self.auto:
+            out.update({k: self.current[k] for k in ("tau", "gamma", "q1_used", "q1_source")})
+        return out
+
+    def describe(self) -> dict:
+        """summary.json entry: how tau and gamma were set, and the latency model behind virtual_seconds."""
+        s = self.cfg.latency
+        out: dict = {"mode": "auto" if self.auto else "fixed"}
+        if self.model is not None:
+            out["latency_model"] = {"formula": self.model.reference, "t_cp_s": s.t_cp_s, "t_de_s": s.t_de_s,
+                                    "t_ec_s": s.t_ec_s, "uploads": s.uploads, "virtual_seconds": self.virtual}
+        if not self.auto:
+            out.update(tau=self.cfg.train.tau, gamma=self.cfg.train.gamma)
+            return out
+        out.update(deadline_s=s.deadline_s, optimiser="brute_force (paper 001 Sec. IV objective, integer search)",
+                   choices=self.choices)
+        if self.choices:
+            out.update(first=self.choices[0], last=self.choices[-1],
+                       q1_sources=sorted({c["q1_source"] for c in self.choices}))
+        return out

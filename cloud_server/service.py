@@ -23,6 +23,7 @@ import torch
 
 from hfl.common import config as config_mod
 from hfl.common import metrics, plans, robust, rpc, topology, validate, wire
+from hfl.common.channel.round_clock import BACKHAUL_BYTES, CloudClock
 from hfl.common.privacy import on_wire
 from hfl.common.rundir import check_run_dir
 from hfl.common.data import load_dataset
@@ -223,6 +224,7 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
             await refuse(context, self.refusals, exc)
         node = envelope.meta.sender_id
         self.bytes_up += size
+        result.scalars[BACKHAUL_BYTES] = float(size)  # measured here: the edge's emulated upload time
         self.results[node] = result
         await asyncio.get_running_loop().run_in_executor(None, self._persist, self.round, node, result)
         self.live.absent.discard(node)
@@ -312,6 +314,7 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
             metrics.write_json(self.run_dir / "privacy.json", self.policy.describe())
             log.info("privacy: %s calibration, trust %s", cfg.privacy.calibration, self.policy.levels)
         rows = self.rows
+        self.clock = CloudClock(cfg, rows)
         started = time.monotonic() - (rows[-1]["wall_seconds"] if rows else 0.0)
         cloud_weights = plans.weights_rule(cfg, "cloud")
         pending = None
@@ -334,6 +337,7 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
             self.w, rejected = self._aggregate(cloud_weights)
             stats = self._round_stats(r, started, round_started)
             stats["aggregate_rejected"] = rejected
+            stats.update(self.clock.round(self.results, self.board.size))
             stats.update(schedule.record(stats))
             if self.policy is not None:
                 stats.update(self.policy.record(r, {e: res.transforms for e, res in self.results.items()}))
@@ -344,6 +348,7 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
             self._checkpoint(r, stats)
             shutil.rmtree(self._pending(r), ignore_errors=True)
             pending = (stats, loop.run_in_executor(executor, self._evaluate, r, self.w.copy()))
+            await asyncio.sleep(self.clock.lag(time.monotonic() - started))  # clock.pace
             if not self.results and not any(self.live.sessions.has(e) for e in self.edges):
                 log.error("every edge is gone; stopping")
                 break
@@ -506,6 +511,7 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
             "weights": {"edge": plans.weights_rule(self.cfg, "edge"), "cloud": plans.weights_rule(self.cfg, "cloud")},
             "tau_gamma": self.tau_gamma,
         }
+        summary.update(self.clock.summary())
         if self.policy is not None:
             summary["privacy"] = self.policy.describe()
             summary["epsilon"] = summary["privacy"]["epsilon_max"]

@@ -66,16 +66,21 @@ def plot_accuracy(rows: Iterable[dict[str, Any]], path: pathlib.Path, title: str
     import matplotlib.pyplot as plt
 
     rows = [r for r in rows if r.get("accuracy") is not None]
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=110)
-    ax.plot([r["round"] + 1 for r in rows], [100 * r["accuracy"] for r in rows], marker="o")
-    ax.set_xlabel("global round (1 = after the first cloud sync)")
-    ax.set_ylabel("test accuracy (%)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    if rows:
-        ax2 = ax.twinx()
-        ax2.plot([r["round"] + 1 for r in rows], [r["loss"] for r in rows], color="tab:red", alpha=0.6, ls="--")
-        ax2.set_ylabel("test loss", color="tab:red")
+    timed = bool(rows) and all(r.get("emulated_seconds") is not None for r in rows)
+    fig, axes = plt.subplots(1, 2 if timed else 1, figsize=(11 if timed else 6, 4), dpi=110, squeeze=False)
+    xs = [("global round (1 = after the first cloud sync)", [r["round"] + 1 for r in rows])]
+    if timed:
+        xs.append(("emulated time (s): air time, compute, backhaul", [r["emulated_seconds"] for r in rows]))
+    for ax, (label, x) in zip(axes[0], xs):
+        ax.plot(x, [100 * r["accuracy"] for r in rows], marker="o")
+        ax.set_xlabel(label)
+        ax.set_ylabel("test accuracy (%)")
+        ax.grid(alpha=0.3)
+        if rows:
+            ax2 = ax.twinx()
+            ax2.plot(x, [r["loss"] for r in rows], color="tab:red", alpha=0.6, ls="--")
+            ax2.set_ylabel("test loss", color="tab:red")
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -19,6 +19,7 @@ import numpy as np
 
 from hfl.common import config as config_mod
 from hfl.common import plans, robust, rpc, session, topology, validate, wire
+from hfl.common.channel.round_clock import EdgeClock
 from hfl.common.pipeline import Link
 from hfl.common.privacy import on_wire
 from hfl.common.seeding import numpy_rng
@@ -233,6 +234,7 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
             await refuse(context, self.refusals, exc)
         self.bytes_up += size
         barrier.contributions[node] = contribution
+        self.clock.uploaded(barrier.step, node, size)
         self.live.poke()
         await barrier.released.wait()
         if barrier.aborted:
@@ -282,6 +284,7 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
         self.chunk_bytes = self.cfg.net.chunk_kib * 1024
         self.max_bytes = self.cfg.net.max_message_mb << 20
         self.edge_weights = plans.weights_rule(self.cfg, "edge")
+        self.clock = EdgeClock(self.cfg, self.index, self.members, self.samples)
         log.info("%s joined run %s: %d devices expected, model dim %d", self.id, self.run_id, len(self.members), self.dim)
         await self.server.ready()
         return reply
@@ -392,6 +395,7 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
                            tensors=[self.downlink.send(global_w, "model", seed, self.index, task.round, -1)[0]],
                            task=device_task)
         await self.board.publish(task.round, down, self.chunk_bytes, self.attempt)
+        self.clock.start(task.round, self.plan, self.round_members, self.board.size)
         if self.attempt:
             log.info("%s: round %d attempt %d with %d devices", self.id, task.round, self.attempt, len(self.round_members))
         cluster_w = global_w.copy()
@@ -461,6 +465,7 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
         payload = reply.SerializeToString()
         barrier.reply = list(wire.to_chunks(payload, self.chunk_bytes))
         barrier.reply_size = len(payload)
+        self.clock.phase(step, barrier.contributions, barrier.reply_size)
         barrier.released.set()
         return cluster_w
 
@@ -510,6 +515,7 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
             scalars["train_loss"] = float(np.mean(self.losses))
         if self.q_uplink:
             scalars["q_uplink"] = float(np.mean(self.q_uplink))
+        scalars.update(self.clock.report())
         self.bytes_up = self.bytes_down = 0
         self.restarts = self.rejoined = self.clipped = 0
         chunks = wire.chunked(pb.Envelope(meta=meta, tensors=[tensor], scalars=scalars), self.chunk_bytes)

@@ -72,6 +72,7 @@ def test_cloud_killed_and_resumed_gives_the_clean_metrics(hfl_testbed, clean_row
     tb.wait(timeout=300)
     rows = tb.metrics()
     assert key(rows) == key(clean_rows)
+    assert [r["emulated_seconds"] for r in rows] == [r["emulated_seconds"] for r in clean_rows]  # the clock resumes too
     summary = tb.summary()
     assert summary["resumed"] is True and summary["rounds"] == 4
     assert len({r["round"] for r in rows}) == len(rows) == 4  # no round twice, none missing

@@ -1,4 +1,4 @@
-"""The [channel] and [clock] config sections (integrator wires them into hfl.common.config.Config).
+"""The [channel] and [clock] config sections of hfl.common.config.Config (loaded lazily, checked in validate_cross).
 
 Defaults: paper 003 Table I for the OTA plane (digest 003 sec. 8), paper 000 App. D for digital links
 (digest 000 sec. 3/8), paper 001 Table III / paper 003 for compute (digests 001 and 003 sec. 8).

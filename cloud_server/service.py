@@ -36,6 +36,7 @@ from hfl.common.service_base import Guarded, Liveness, Refusals, RoundBoard, hol
 from hfl.device_client.training import evaluate, make_shard
 from hfl.proto import hfl_v1_pb2 as pb
 
+from .fusion_center import FUSION_WEIGHT, FusionCenter
 from .privacy_policy import PrivacyPolicy
 from hfl.proto import hfl_v1_pb2_grpc as pbg
 
@@ -60,6 +61,7 @@ class EdgeResult:
     samples: int
     scalars: dict
     transforms: list = field(default_factory=list)  # what was applied on the way, DP events included
+    fused: list = field(default_factory=list)       # relay algorithms: one row per fused device upload
 
 
 class CloudServer(pbg.CloudServiceServicer, Guarded):
@@ -94,6 +96,7 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
         self.bytes_up = 0
         self.bytes_down = 0
         self.tau_gamma: dict | None = None  # summary.json: how tau and gamma were set
+        self.fusion: FusionCenter | None = None  # relay algorithms (paper 004): the cloud fuses every device upload
 
     def prepare(self) -> None:
         """Load the test set and build the initial model (seeded by the run seed alone)."""
@@ -111,6 +114,8 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
         self.device_samples = [len(p) for p in parts]  # the claim each device's registration is checked against
         self.cluster_samples = {e: sum(self.device_samples[topology.device_index(d)]
                                        for d in topology.edge_members(self.cfg, topology.edge_index(e))) for e in self.edges}
+        if plans.ALGORITHMS.get(self.cfg.run.algorithm).relay:
+            self.fusion = FusionCenter(self.cfg, self.dim, self.run_dir)
         self.first_round, self.rows = 0, []
         self.startup_seconds: float | None = None
         if self.resume:
@@ -206,11 +211,17 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
         validate.check_count(meta.num_devices, "num_devices", 0, self.cfg.topology.devices_per_edge)
         validate.check_count(meta.num_samples, "num_samples", 0, self.cluster_samples[meta.sender_id])
         idx = topology.edge_index(meta.sender_id)
-        delta, _ = self.backhaul.receive(wire.single_tensor(envelope, "delta"), self.dim, self.cfg.run.seed, idx,
-                                         self.round, meta.step)
+        fused: list = []
+        if self.fusion is not None:
+            delta, weight, fused = self.fusion.fuse(meta.sender_id, envelope, self.round, 1 << 16)
+        else:
+            delta, _ = self.backhaul.receive(wire.single_tensor(envelope, "delta"), self.dim, self.cfg.run.seed, idx,
+                                             self.round, meta.step)
         scalars = validate.check_scalars(envelope.scalars, meta.sender_id)
         on_wire.from_transforms(meta.transforms, allowed=set(topology.edge_members(self.cfg, idx)))  # refuse malformed
-        return EdgeResult(delta, meta.num_devices, meta.num_samples, scalars, list(meta.transforms))
+        if self.fusion is not None:
+            scalars[FUSION_WEIGHT] = weight
+        return EdgeResult(delta, meta.num_devices, meta.num_samples, scalars, list(meta.transforms), fused)
 
     async def Submit(self, request_iterator, context) -> pb.Ack:
         try:
@@ -241,7 +252,7 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
         tmp = folder / f"{node}.tmp.npz"
         with open(tmp, "wb") as fh:
             np.savez(fh, delta=result.delta, devices=result.devices, samples=result.samples,
-                     scalars=json.dumps(result.scalars), run_id=self.run_id,
+                     scalars=json.dumps(result.scalars), run_id=self.run_id, fused=json.dumps(result.fused),
                      transforms=np.frombuffer(pb.Meta(transforms=result.transforms).SerializeToString(), np.uint8))
             fh.flush()
             os.fsync(fh.fileno())
@@ -256,7 +267,8 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
                     continue
                 meta = pb.Meta.FromString(f["transforms"].tobytes())
                 self.results[path.stem] = EdgeResult(f["delta"], int(f["devices"]), int(f["samples"]),
-                                                     json.loads(str(f["scalars"])), list(meta.transforms))
+                                                     json.loads(str(f["scalars"])), list(meta.transforms),
+                                                     json.loads(str(f["fused"])))
         if self.results:
             log.info("resumed round %d with the results already accepted from %s", round_, sorted(self.results))
 
@@ -279,6 +291,9 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
         ledger = self.run_dir / "privacy_ledger.jsonl"
         if ledger.exists():  # rounds past the checkpoint are redone: charge them once
             metrics.write_jsonl(ledger, [r for r in metrics.read_jsonl(ledger) if r["round"] <= last])
+        fused = self.run_dir / "fusion.jsonl"
+        if fused.exists():  # relay algorithms: rounds past the checkpoint are fused again
+            metrics.write_jsonl(fused, [r for r in metrics.read_jsonl(fused) if r["round"] <= last])
         if (self.run_dir / "privacy.json").exists():
             self.claims = json.loads((self.run_dir / "privacy.json").read_text())["trust"]
         self.rows, self.first_round = rows, last + 1
@@ -341,6 +356,9 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
             stats.update(schedule.record(stats))
             if self.policy is not None:
                 stats.update(self.policy.record(r, {e: res.transforms for e, res in self.results.items()}))
+            if self.fusion is not None:
+                stats.update(self.fusion.round_stats(r))
+                self.fusion.log([row for e in sorted(self.results) for row in self.results[e].fused])
             # Round r's evaluation overlaps round r + 1 (it runs on its own thread); its row is written
             # before the next checkpoint, so a checkpoint of round k always has the rows before k on disk.
             if pending is not None:
@@ -361,6 +379,8 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
 
     def _cluster_plans(self, r: int) -> dict[str, pb.ClusterPlan] | None:
         """Round r's per-cluster plan (trust, noise, participants), or None when the privacy budget forbids it."""
+        if self.fusion is not None:
+            return self.fusion.cluster_plans(r)
         if self.policy is None:
             if not self.cfg.train.participants:
                 return {}
@@ -418,7 +438,10 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
         names = sorted(n for n, res in self.results.items() if res.devices > 0)  # arrival order must not matter
         if not names:
             return self.w, False
-        weights = [self.results[n].samples if rule == "samples" else self.results[n].devices for n in names]
+        if rule == "fusion":  # relay: each edge's share of the round's fusion scores (fusion_center)
+            weights = [self.results[n].scalars[FUSION_WEIGHT] for n in names]
+        else:
+            weights = [self.results[n].samples if rule == "samples" else self.results[n].devices for n in names]
         # w_{t+1} = w_t + sum_l (N_l / N) delta_l  (or sample counts), in float64
         step = robust.aggregate(self.cfg.pipeline.aggregate, self.cfg.pipeline.params,
                                 [self.results[n].delta for n in names], weights)
@@ -512,6 +535,11 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
             "tau_gamma": self.tau_gamma,
         }
         summary.update(self.clock.summary())
+        if self.fusion is not None:
+            summary["fusion"] = self.fusion.describe()
+            claims = [r["epsilon_claimed"] for r in rows if r.get("epsilon_claimed") is not None]
+            if claims:
+                summary["epsilon_claimed"] = max(claims)
         if self.policy is not None:
             summary["privacy"] = self.policy.describe()
             summary["epsilon"] = summary["privacy"]["epsilon_max"]

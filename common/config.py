@@ -141,6 +141,7 @@ class Config:
     latency: LatencySection = field(default_factory=LatencySection)
     channel: "ChannelSection" = field(default_factory=lambda: _lazy_section("ChannelSection")())
     clock: "ClockSection" = field(default_factory=lambda: _lazy_section("ClockSection")())
+    precision: "PrecisionSection" = field(default_factory=lambda: _lazy_section("PrecisionSection")())
 
     @property
     def num_devices(self) -> int:
@@ -154,7 +155,7 @@ def _privacy_section():
 
 
 _LAZY_SECTIONS = {"PrivacySection": "hfl.common.privacy.config", "ChannelSection": "hfl.common.channel.config",
-                  "ClockSection": "hfl.common.channel.config"}
+                  "ClockSection": "hfl.common.channel.config", "PrecisionSection": "hfl.common.quantization.config"}
 
 
 def _lazy_section(name: str) -> type:
@@ -187,6 +188,10 @@ def _coerce(key: str, f: dataclasses.Field, value: Any) -> Any:
             raise ConfigError(f"{key} must be a string, got {value!r}")
     elif origin is tuple:
         args = typing.get_args(hint)
+        if len(args) == 2 and args[1] is Ellipsis:  # tuple[int, ...]: a list of any length
+            if not isinstance(value, (list, tuple)):
+                raise ConfigError(f"{key} must be a list, got {value!r}")
+            return tuple(_scalar(key, args[0], v) for v in value)
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
             raise ConfigError(f"{key} must be a list of {len(args)} values, got {value!r}")
         return tuple(_scalar(key, a, v) for a, v in zip(args, value))
@@ -205,6 +210,10 @@ def _coerce(key: str, f: dataclasses.Field, value: Any) -> Any:
 def _scalar(key: str, hint: type, value: Any) -> Any:
     if hint is int and (isinstance(value, bool) or not isinstance(value, int)):
         raise ConfigError(f"{key} must hold integers, got {value!r}")
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key} must hold numbers, got {value!r}")
+        return float(value)
     return value
 
 
@@ -281,6 +290,9 @@ def validate_cross(config: Config) -> None:
     from hfl.common.quantization import schedule
 
     schedule.validate(config)
+    from hfl.common.quantization.config import validate_precision
+
+    validate_precision(config)
     from hfl.common.channel.config import validate_channel
 
     validate_channel(config.channel, config.clock)

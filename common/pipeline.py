@@ -36,6 +36,17 @@ def identity(vec: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 CHANNELS.register("ideal", identity)
 
 
+@CHANNELS.register("awgn")
+def awgn(vec: np.ndarray, rng: np.random.Generator, std: float = 0.0) -> np.ndarray:
+    """y = x + n, n ~ N(0, std^2 I): the digital link of paper 004 (digest 004 section 3.6), added to the
+    dequantized vector at the receiver."""
+    if not (np.isfinite(std) and std >= 0):
+        raise ValueError(f"awgn: std must be a finite number >= 0, got {std!r}")
+    if std == 0:
+        return vec
+    return (vec.astype(np.float64) + std * rng.standard_normal(vec.shape)).astype(np.float32)
+
+
 @AGGREGATORS.register("weighted_mean")
 def weighted_mean(vectors: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:
     """sum_i w_i x_i / sum_i w_i, accumulated in float64 in the given (sorted) order."""
@@ -142,14 +153,17 @@ class Link:
             transforms.append(StageRef("encode", self.encoding, used).record(self.tier, len(tensor.data) * 8, extra))
         return tensor, transforms
 
-    def receive(self, tensor: pb.Tensor, expected_len: int, seed: int, node: int | str, round_: int, step: int
-                ) -> tuple[np.ndarray, list[pb.Transform]]:
+    def receive(self, tensor: pb.Tensor, expected_len: int, seed: int, node: int | str, round_: int, step: int,
+                channel: StageRef | None = None) -> tuple[np.ndarray, list[pb.Transform]]:
+        """`channel` replaces the link's channel stage for this call (a per-device link, e.g. paper 004's AWGN
+        of std sigma_m); its random draw is keyed by the sender (`node`), wherever it is applied."""
         vec = wire.decode_vector(tensor, expected_len)
         transforms = []
-        if self.channel.name not in IDENTITY_NAMES:
-            rng = numpy_rng(seed, self.tier, node, round_, step, self.channel.slot)
-            vec = CHANNELS.get(self.channel.name)(vec, rng, **self.channel.params)
-            transforms.append(self.channel.record(self.tier))
+        channel = channel or self.channel
+        if channel.name not in IDENTITY_NAMES:
+            rng = numpy_rng(seed, self.tier, node, round_, step, channel.slot)
+            vec = CHANNELS.get(channel.name)(vec, rng, **channel.params)
+            transforms.append(channel.record(self.tier))
         return vec, transforms
 
 

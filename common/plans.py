@@ -26,6 +26,10 @@ class Algorithm:
     privacy: str = ""   # "" (no DP) | "by_trust" (H2FDP: noise at the trusted edge, else every device) | "aggregator"
     trust: str = ""     # a level forced on every edge by the algorithm (HFL-DP: "untrusted")
     max_edges: int = 0  # star topologies: the algorithm needs exactly one cluster
+    relay: bool = False  # edges forward each device's upload unchanged; the cloud fuses them (paper 004, digest P13)
+    codecs: tuple[str, ...] = ()  # relay: the uplink codecs the algorithm is defined with (the first is suggested)
+    fusion: str = ""     # relay: the cloud's fusion rule when precision.fusion = "auto" (quantization.fusion)
+    clusters: str = ""   # relay: cluster sizes per round when precision.cluster_mode = "auto"
 
 
 ALGORITHMS: Registry = Registry("algorithm")
@@ -88,6 +92,13 @@ def dp_fedavg(cfg) -> list[pb.Phase]:
     return [local_sgd(cfg.train), phase(EDGE_MODEL_SYNC), phase(CLOUD_SYNC)]
 
 
+def quantized_fl(cfg) -> list[pb.Phase]:
+    """Paper 004, Algorithm 1 on the hierarchy: every drawn device runs L = gamma local SGD steps from the global
+    model, clips (pipeline.clip = "clip_l1") and quantizes its model difference with its own b_m; edges relay each
+    upload unchanged (digest 004 P13) and the cloud fuses them with weights omega (uniform, FWO, FedHQ-like)."""
+    return [local_sgd(cfg.train), phase(EDGE_MODEL_SYNC), phase(CLOUD_SYNC)]
+
+
 ALGORITHMS.register("hierfavg", Algorithm("hierfavg", hierfavg, "samples", "samples", "Liu et al., ICC 2020"))
 ALGORITHMS.register("qhetfed", Algorithm("qhetfed", qhetfed, "devices", "devices", "paper 001, Algorithm 1"))
 ALGORITHMS.register("qhetfed-gamma1", Algorithm("qhetfed-gamma1", qhetfed_gamma1, "devices", "devices",
@@ -102,6 +113,16 @@ ALGORITHMS.register("pedpfl-style", Algorithm("pedpfl-style", h2fdp, "devices", 
                                               "by_trust", trust="untrusted", max_edges=1))
 ALGORITHMS.register("dp-fedavg", Algorithm("dp-fedavg", dp_fedavg, "samples", "equal",
                                            "McMahan et al. 2018, user-level DP at a trusted aggregator", "aggregator"))
+
+for _name, _codecs, _fusion, _clusters, _ref in (
+        ("sq-fl", ("sq",), "uniform", "random", "paper 004 baseline SQ-FL: Algorithm 1 with the plain b-bit SQ"),
+        ("dpsq-fl", ("dpsq",), "uniform", "random", "paper 004, Algorithm 1 (omega = 1/N, random cluster sizes)"),
+        ("dpsq-fl-fwo", ("dpsq",), "fwo", "random", "paper 004, Algorithm 1 + FWO (eq. 14)"),
+        ("dpsq-fl-fwo-cso", ("dpsq",), "fwo", "cso", "paper 004, Algorithm 1 + FWO + CSO (eq. 27)"),
+        ("laplacesq-fl", ("laplace-sq",), "fedhq", "random",
+         "paper 004 baseline LaplaceSQ-FL (FedHQ-like weights; absolute numbers not reproducible, digest P4)")):
+    ALGORITHMS.register(_name, Algorithm(_name, quantized_fl, "devices", "fusion", _ref, relay=True, codecs=_codecs,
+                                         fusion=_fusion, clusters=_clusters))
 
 
 def build_plan(cfg) -> list[pb.Phase]:

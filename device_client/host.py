@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import hashlib
 import json
 import logging
 import time
@@ -70,10 +71,12 @@ class Device:
         self.link = link
         self.uplink = Link.from_config(cfg.pipeline, "uplink")
         self.downlink = Link.from_config(cfg.pipeline, "downlink")
+        self.relay = plans.ALGORITHMS.get(cfg.run.algorithm).relay
         self.chunk_bytes = cfg.net.chunk_kib * 1024
         self.max_bytes = cfg.net.max_message_mb << 20
         self.rounds_done = 0
         self.refused = 0
+        self.diverged = 0  # rounds whose local training ended non-finite (sat out, nothing sent)
         self.reconnects = 0
         self.rejoin = False  # the first registration is a plain one unless the run is already under way
 
@@ -94,8 +97,13 @@ class Device:
         reply, _ = await wire.read_envelope(call, self.max_bytes)
         return reply
 
-    def _upload(self, task: pb.RoundTask, step: int, name: str, vec: np.ndarray, scalars: dict, dp=()) -> pb.Envelope:
-        tensor, transforms = self.uplink.send(vec, name, self.cfg.run.seed, self.index, task.round, step)
+    def _upload(self, task: pb.RoundTask, step: int, name: str, vec: np.ndarray, scalars: dict, dp=(),
+                encode: dict | None = None) -> pb.Envelope:
+        tensor, transforms = self.uplink.send(vec, name, self.cfg.run.seed, self.index, task.round, step,
+                                              {"encode": encode} if encode else None)
+        if self.relay:  # what the cloud must receive unchanged (the relay test compares these)
+            log.info("%s round %d: %s %d bytes sha256=%s", self.id, task.round, name, len(tensor.data),
+                     hashlib.sha256(tensor.data).hexdigest())
         transforms = list(transforms) + [on_wire.to_transform(r) for r in dp]
         meta = pb.Meta(run_id=self.run_id, round=task.round, phase=task.phases[step].kind, step=step,
                        sender_id=self.id, num_samples=len(self.shard), transforms=transforms, num_devices=1,
@@ -160,9 +168,10 @@ class Device:
         losses: list[float] = []
         batch = self.cfg.train.batch_size
         cluster = task.clusters[self.edge_id] if self.edge_id in task.clusters else pb.ClusterPlan()
-        if cluster.participants and self.id not in cluster.participants:
+        if (cluster.participants or cluster.only_listed) and self.id not in cluster.participants:
             return  # not drawn this round: idle, and resynchronise from the next round's global model
         cplan = dict(cluster.params)
+        encode = encode_overrides(cluster.devices[self.id].params) if self.id in cluster.devices else None
         for step, phase in enumerate(task.phases):
             p = phase.params
             if phase.kind == plans.LOCAL_SGD:
@@ -182,8 +191,14 @@ class Device:
                 anchor = anchor - np.float32(p["lr"]) * g
             elif phase.kind == plans.EDGE_MODEL_SYNC:
                 scalars = {"train_loss": float(np.mean(losses))} if losses else {}
+                if not np.isfinite(w).all():  # a diverged model: nothing sound to send; the round goes on without us
+                    self.diverged += 1
+                    log.warning("%s: local training diverged in round %d (non-finite weights); sitting out the "
+                                "rest of the round", self.id, task.round)
+                    await self._withdraw((task.round, task.attempt))
+                    return
                 delta, dp = self._private_delta(w - anchor, cplan, task, step)
-                reply = await self._exchange(self._upload(task, step, "delta", delta, scalars, dp))
+                reply = await self._exchange(self._upload(task, step, "delta", delta, scalars, dp, encode))
                 if plans.downlink_after(task.phases, step):
                     w, _ = self.downlink.receive(wire.single_tensor(reply, "model"), dim, self.cfg.run.seed, self.index,
                                                  task.round, step)
@@ -207,6 +222,16 @@ class Device:
         if not z:
             return delta, []
         return delta, [on_wire.record("device", self.id, [self.id], cplan, z, sens, task.round, stream)]
+
+
+def encode_overrides(device_plan) -> dict:
+    """The encode parameters a device's round-plan entry sets (per-device precision, paper 004)."""
+    out: dict = {}
+    if "bits" in device_plan:
+        out["bits"] = int(device_plan["bits"])
+    if "epsilon1" in device_plan:
+        out["epsilon1"] = float(device_plan["epsilon1"])
+    return out
 
 
 class DeviceHost:
@@ -269,9 +294,9 @@ class DeviceHost:
                 devices.append(device)
             log.info("%d devices ready in %.1fs", len(devices), time.monotonic() - started)
             outcomes = await asyncio.gather(*(d.run() for d in devices))
-            log.info("devices done: %s; refusals of our messages: %d; reconnections: %d",
+            log.info("devices done: %s; refusals of our messages: %d; diverged rounds: %d; reconnections: %d",
                      {o: outcomes.count(o) for o in set(outcomes)}, sum(d.refused for d in devices),
-                     sum(d.reconnects for d in devices))
+                     sum(d.diverged for d in devices), sum(d.reconnects for d in devices))
             return 0
         finally:
             executor.shutdown(wait=False, cancel_futures=True)

@@ -41,6 +41,7 @@ class Contribution:
     scalars: dict
     dp: list = field(default_factory=list)  # DP events the device recorded on its upload
     q: float | None = None                  # the quantizer error the device measured on its upload, if any
+    raw: bytes = b""                        # relay mode: the device's upload as received, forwarded unchanged
 
 
 @dataclass
@@ -95,6 +96,8 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
         self.q_uplink: list[float] = []
         self.participants: set[str] = set()
         self.dp_records: list = []
+        self.relayed: list[bytes] = []
+        self.cluster_plan = pb.ClusterPlan()
         self.joined = asyncio.Event()
         self.stop = asyncio.Event()
 
@@ -208,12 +211,14 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
             raise wire.WireError(grpc.StatusCode.ALREADY_EXISTS,
                                  f"{node} already contributed to round {meta.round} phase {meta.step}", "replay")
         name = "gradient" if barrier.kind == plans.EDGE_GRADIENT_STEP else "delta"
-        vec, _ = self.uplink.receive(wire.single_tensor(envelope, name), self.dim, self.cfg.run.seed, self.index,
-                                     self.round, meta.step)
+        # the channel's draw is the sender's own (keyed by the device, not by this edge)
+        vec, _ = self.uplink.receive(wire.single_tensor(envelope, name), self.dim, self.cfg.run.seed,
+                                     topology.device_index(node), self.round, meta.step)
         scalars = validate.check_scalars(envelope.scalars, node)
         dp = on_wire.from_transforms(meta.transforms, allowed={node})
         q = next((t.params["q_measured"] for t in meta.transforms if t.stage == "encode" and "q_measured" in t.params), None)
-        return barrier, Contribution(vec, self.samples[node], scalars, dp, q)
+        raw = envelope.SerializeToString() if self.relay else b""
+        return barrier, Contribution(vec, self.samples[node], scalars, dp, q, raw)
 
     async def Exchange(self, request_iterator, context):
         # A refused message changes nothing, not even for the member it claims to come from: it may still
@@ -252,7 +257,7 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
         node = meta.sender_id
         if node in self.round_members and node not in self.out:
             self.out.add(node)
-            log.warning("dropping %s from round %d: it withdrew after a refusal of its upload", node, self.round)
+            log.warning("dropping %s from round %d: it withdrew (its upload was refused, or its training diverged)", node, self.round)
             self.live.poke()
 
     # ---- the edge's link with the cloud -------------------------------------------------------
@@ -284,6 +289,7 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
         self.chunk_bytes = self.cfg.net.chunk_kib * 1024
         self.max_bytes = self.cfg.net.max_message_mb << 20
         self.edge_weights = plans.weights_rule(self.cfg, "edge")
+        self.relay = plans.ALGORITHMS.get(self.cfg.run.algorithm).relay
         self.clock = EdgeClock(self.cfg, self.index, self.members, self.samples)
         log.info("%s joined run %s: %d devices expected, model dim %d", self.id, self.run_id, len(self.members), self.dim)
         await self.server.ready()
@@ -358,8 +364,9 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
         self.round = task.round
         self.attempt = 0
         plan = task.clusters[self.id] if self.id in task.clusters else pb.ClusterPlan()
+        self.cluster_plan = plan
         self.cplan = dict(plan.params)
-        self.participants = set(plan.participants) or set(self.members)
+        self.participants = set(plan.participants) if plan.participants or plan.only_listed else set(self.members)
         rate = self.cplan.get("client_rate", 1.0)
         if rate < 1.0:  # DP-FedAvg: the trusted aggregator draws its clients (Poisson, rate q_c) itself
             draw = numpy_rng(self.cfg.run.seed, "edge", self.index, task.round, "clients").random(len(self.members))
@@ -384,13 +391,18 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
         self.losses = []
         self.dp_records = []
         self.q_uplink = []
+        self.relayed = []
         comm_steps = [i for i, p in enumerate(self.plan) if p.kind in plans.DEVICE_UPLOAD_PHASES]
         self.barriers = {i: Barrier(i, self.plan[i].kind) for i in comm_steps}
         self.active_step = comm_steps[0] if comm_steps else None
         device_task = pb.RoundTask(round=task.round, phases=task.phases, attempt=self.attempt)
-        if self.cplan or self.participants != set(self.members):
-            device_task.clusters[self.id].CopyFrom(pb.ClusterPlan(
-                params=self.cplan, participants=sorted(self.participants) if self.participants != set(self.members) else []))
+        everyone = self.participants == set(self.members)
+        if self.cplan or not everyone or self.cluster_plan.devices:
+            listed = pb.ClusterPlan(params=self.cplan, participants=[] if everyone else sorted(self.participants),
+                                    only_listed=not self.participants)
+            for node, device_plan in self.cluster_plan.devices.items():
+                listed.devices[node].CopyFrom(device_plan)
+            device_task.clusters[self.id].CopyFrom(listed)
         down = pb.Envelope(meta=pb.Meta(run_id=self.run_id, round=task.round, sender_id=self.id, attempt=self.attempt),
                            tensors=[self.downlink.send(global_w, "model", seed, self.index, task.round, -1)[0]],
                            task=device_task)
@@ -442,9 +454,14 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
     def _aggregate(self, barrier: Barrier, cluster_w: np.ndarray, phase: pb.Phase, step: int, round_: int) -> np.ndarray:
         nodes = sorted(barrier.contributions)  # arrival order must not matter
         reply_vec = None
+        if self.relay:  # paper 004 (digest P13): forward every upload unchanged, never re-aggregate here
+            contributions = [barrier.contributions[n] for n in nodes]
+            self.relayed = [c.raw for c in contributions]
+            self.losses.extend(c.scalars["train_loss"] for c in contributions if "train_loss" in c.scalars)
+            self.q_uplink.extend(c.q for c in contributions if c.q is not None)
         # under Poisson client sampling an empty draw still releases noise: the accountant's subsampled
         # mechanism is "sum of the drawn / fixed denominator + N", whatever was drawn
-        if nodes or "fixed_denominator" in self.cplan:
+        elif nodes or "fixed_denominator" in self.cplan:
             contributions = [barrier.contributions[n] for n in nodes]
             weights = [c.samples if self.edge_weights == "samples" else 1 for c in contributions]
             agg = self._private_aggregate(contributions, weights, nodes, phase, step, round_)
@@ -504,12 +521,16 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
 
     async def _submit(self, task: pb.RoundTask, step: int, delta: np.ndarray, members: set[str]) -> None:
         seed = self.cfg.run.seed
-        tensor, transforms = self.backhaul.send(delta, "delta", seed, self.index, task.round, step)
+        if self.relay:
+            tensors, transforms = [], []
+        else:
+            tensor, transforms = self.backhaul.send(delta, "delta", seed, self.index, task.round, step)
+            tensors = [tensor]
         transforms = list(transforms) + [on_wire.to_transform(r) for r in on_wire.merge(self.dp_records)]
         meta = pb.Meta(run_id=self.run_id, round=task.round, phase=plans.CLOUD_SYNC, step=step, sender_id=self.id,
                        num_samples=sum(self.samples[n] for n in members), num_devices=len(members), transforms=transforms)
         scalars = {"bytes_up": float(self.bytes_up), "bytes_down": float(self.bytes_down),
-                   "refused": float(self.refusals.take()), "dropped": float(len(self.members) - len(members)),
+                   "refused": float(self.refusals.take()), "dropped": float(len(self.participants) - len(members)),
                    "restarts": float(self.restarts), "rejoined": float(self.rejoined), "clipped": float(self.clipped)}
         if self.losses:
             scalars["train_loss"] = float(np.mean(self.losses))
@@ -518,7 +539,8 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
         scalars.update(self.clock.report())
         self.bytes_up = self.bytes_down = 0
         self.restarts = self.rejoined = self.clipped = 0
-        chunks = wire.chunked(pb.Envelope(meta=meta, tensors=[tensor], scalars=scalars), self.chunk_bytes)
+        chunks = wire.chunked(pb.Envelope(meta=meta, tensors=tensors, scalars=scalars, relayed=self.relayed),
+                              self.chunk_bytes)
 
         async def call():
             return await self.cloud.stub.Submit(iter(chunks), metadata=self.cloud.metadata)

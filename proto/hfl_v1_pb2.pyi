@@ -80,8 +80,8 @@ class Phase(_message.Message):
     params: _containers.ScalarMap[str, float]
     def __init__(self, kind: _Optional[str] = ..., params: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
-class ClusterPlan(_message.Message):
-    __slots__ = ("params", "participants")
+class DevicePlan(_message.Message):
+    __slots__ = ("params",)
     class ParamsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -90,10 +90,34 @@ class ClusterPlan(_message.Message):
         value: float
         def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     PARAMS_FIELD_NUMBER: _ClassVar[int]
+    params: _containers.ScalarMap[str, float]
+    def __init__(self, params: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class ClusterPlan(_message.Message):
+    __slots__ = ("params", "participants", "devices", "only_listed")
+    class ParamsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class DevicesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: DevicePlan
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[DevicePlan, _Mapping]] = ...) -> None: ...
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
     PARTICIPANTS_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    ONLY_LISTED_FIELD_NUMBER: _ClassVar[int]
     params: _containers.ScalarMap[str, float]
     participants: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, params: _Optional[_Mapping[str, float]] = ..., participants: _Optional[_Iterable[str]] = ...) -> None: ...
+    devices: _containers.MessageMap[str, DevicePlan]
+    only_listed: bool
+    def __init__(self, params: _Optional[_Mapping[str, float]] = ..., participants: _Optional[_Iterable[str]] = ..., devices: _Optional[_Mapping[str, DevicePlan]] = ..., only_listed: bool = ...) -> None: ...
 
 class RoundTask(_message.Message):
     __slots__ = ("round", "phases", "finished", "attempt", "clusters")
@@ -117,7 +141,7 @@ class RoundTask(_message.Message):
     def __init__(self, round: _Optional[int] = ..., phases: _Optional[_Iterable[_Union[Phase, _Mapping]]] = ..., finished: bool = ..., attempt: _Optional[int] = ..., clusters: _Optional[_Mapping[str, ClusterPlan]] = ...) -> None: ...
 
 class Envelope(_message.Message):
-    __slots__ = ("meta", "tensors", "scalars", "task")
+    __slots__ = ("meta", "tensors", "scalars", "task", "relayed")
     class ScalarsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -129,11 +153,13 @@ class Envelope(_message.Message):
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     SCALARS_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
+    RELAYED_FIELD_NUMBER: _ClassVar[int]
     meta: Meta
     tensors: _containers.RepeatedCompositeFieldContainer[Tensor]
     scalars: _containers.ScalarMap[str, float]
     task: RoundTask
-    def __init__(self, meta: _Optional[_Union[Meta, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., scalars: _Optional[_Mapping[str, float]] = ..., task: _Optional[_Union[RoundTask, _Mapping]] = ...) -> None: ...
+    relayed: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, meta: _Optional[_Union[Meta, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., scalars: _Optional[_Mapping[str, float]] = ..., task: _Optional[_Union[RoundTask, _Mapping]] = ..., relayed: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class Chunk(_message.Message):
     __slots__ = ("data",)

@@ -51,6 +51,22 @@ def clip_l2(vec: np.ndarray, bound: float) -> tuple[np.ndarray, bool]:
     return _scale_into_bound(arr, scale, np.array([bound]), None), True
 
 
+def clip_l1(vec: np.ndarray, bound: float) -> tuple[np.ndarray, bool]:
+    """l1 clipping v <- min(1, C / ||v||_1) v (paper 004, Step 9 of Algorithm 1; digest 004 section 3.1).
+    Returns the clipped vector (same float dtype, ||out||_1 <= C) and whether it was over the bound."""
+    if not bound > 0 or not np.isfinite(bound):
+        raise ValueError(f"bound (l1 clipping constant C) must be a finite number > 0, got {bound!r}")
+    arr = _check_vector(vec)
+    norm = float(np.abs(arr.astype(np.float64)).sum())
+    if norm <= bound:
+        return arr.copy(), False
+    dtype = arr.dtype if np.issubdtype(arr.dtype, np.floating) else np.float64
+    out = (arr.astype(np.float64) * (bound / norm)).astype(dtype)
+    if float(np.abs(out.astype(np.float64)).sum()) > bound:
+        out = (out.astype(np.float64) * _SHRINK).astype(dtype)
+    return out, True
+
+
 def per_layer_sensitivity(bounds: Sequence[float]) -> float:
     """L2 sensitivity of per-layer clipping: sqrt(sum_j C_j^2) (paper 002 Sec. 3.1, corrected per digest P3)."""
     b = np.asarray(bounds, dtype=np.float64)

@@ -12,7 +12,7 @@ import numpy as np
 
 from hfl.common.pipeline import AGGREGATORS, VECTOR_STAGES
 
-from .clipping import clip_l2, clip_per_layer, equal_layer_bounds
+from .clipping import clip_l1, clip_l2, clip_per_layer, equal_layer_bounds
 from .noise import add_gaussian, add_laplace
 
 
@@ -35,6 +35,11 @@ def _std(params: Mapping[str, float], direct: str) -> float:
 @VECTOR_STAGES.register("clip_l2")
 def clip_l2_stage(vec: np.ndarray, rng: np.random.Generator, clip: float, **_: float) -> np.ndarray:
     return clip_l2(vec, clip)[0]
+
+
+@VECTOR_STAGES.register("clip_l1")
+def clip_l1_stage(vec: np.ndarray, rng: np.random.Generator, clip: float, **_: float) -> np.ndarray:
+    return clip_l1(vec, clip)[0]
 
 
 @VECTOR_STAGES.register("clip_per_layer")

@@ -1,0 +1,177 @@
+"""The cloud as paper 004's fusion center, for relay algorithms (plans.Algorithm.relay).
+
+Each round it draws the cluster sizes {c_m} and the devices (quantization.precision) and sends every drawn
+device its own bits / epsilon_1 in the round plan. Edges forward each upload unchanged (digest 004 P13); here
+each relayed upload is checked, dequantized, passed through its device's link (AWGN of std sigma_m), and scored
+by the fusion rule. The global step is sum_i omega_i y_i with omega_i = s_i / sum_j s_j over every device of the
+round, so an edge's uploads reduce exactly to (sum_i s_i y_i / sum_i s_i, sum_i s_i): that pair is the edge's
+result (persisted before the Ack like any other), and the cloud's weighted mean over edges with weights sum_i s_i
+is the paper's fusion over all devices.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import pathlib
+
+import grpc
+import numpy as np
+from google.protobuf.message import DecodeError
+
+from hfl.common import metrics, plans, topology, validate, wire
+from hfl.common.pipeline import Link, StageRef
+from hfl.common.quantization import codecs, precision, theory
+from hfl.common.seeding import numpy_rng
+from hfl.proto import hfl_v1_pb2 as pb
+
+FUSION_WEIGHT = "fusion_weight"  # an edge result's sum of fusion scores (set by the cloud, never by an edge)
+SCORE_FLOOR = 1e-30              # FWO: 1 / max(E||Q(v)-v||^2 + d sigma^2, floor): a perfect upload stays finite
+
+
+def _refuse(message: str, reason: str, code=grpc.StatusCode.INVALID_ARGUMENT) -> wire.WireError:
+    return wire.WireError(code, message, reason)
+
+
+class FusionCenter:
+    def __init__(self, cfg, dim: int, run_dir: pathlib.Path):
+        self.cfg = cfg
+        self.dim = dim
+        self.groups = precision.resolve(cfg)
+        self.mode = precision.cluster_mode(cfg)
+        self.rule = precision.fusion_rule(cfg)
+        self.estimate = cfg.precision.distortion_estimate
+        self.uplink = Link.from_config(cfg.pipeline, "uplink")
+        self.codec = cfg.pipeline.uplink_encoding
+        self.codec_eps = self.uplink.encode_params.get("epsilon1")
+        self.log_path = run_dir / "fusion.jsonl"
+        self.edges = topology.edge_ids(cfg)
+        self._round: tuple[int, dict[str, dict], tuple[int, ...]] | None = None
+        self.fused: list[dict] = []
+
+    # ---- the round plan ---------------------------------------------------------------------------
+    def draw(self, r: int) -> tuple[dict[str, dict], tuple[int, ...]]:
+        """Round r's drawn devices with their plan entries, and {c_m}: a pure function of (seed, r)."""
+        if self._round is None or self._round[0] != r:
+            seed = self.cfg.run.seed
+            sizes = precision.cluster_sizes(self.groups, self.mode, self.cfg.precision.participants,
+                                            self.cfg.precision.bit_budget, numpy_rng(seed, "cloud", 0, r, "cluster_sizes"))
+            drawn = precision.draw_devices(self.groups, sizes.sizes, numpy_rng(seed, "cloud", 0, r, "clusters"))
+            self._round = (r, {topology.device_id(i): self.groups.device_plan(i) for i in drawn}, sizes.sizes)
+        return self._round[1], self._round[2]
+
+    def cluster_plans(self, r: int) -> dict[str, pb.ClusterPlan]:
+        devices, _ = self.draw(r)
+        out = {}
+        for e in self.edges:
+            plan = pb.ClusterPlan(only_listed=True)
+            for d in topology.edge_members(self.cfg, topology.edge_index(e)):
+                if d in devices:
+                    plan.participants.append(d)
+                    plan.devices[d].params.update(devices[d])
+            out[e] = plan
+        return out
+
+    def round_stats(self, r: int) -> dict:
+        devices, sizes = self.draw(r)
+        bits = sum(int(p["bits"]) for p in devices.values())
+        eps = [p.get("epsilon1", self.codec_eps) for p in devices.values()]
+        out = {"cluster_sizes": list(sizes), "bits_per_coordinate": bits, "drawn_devices": len(devices)}
+        if self.codec in ("dpsq", "laplace-sq") and eps and all(e is not None for e in eps):
+            out["epsilon_claimed"] = theory.dpsq_upload_epsilon(self.dim, max(eps))
+        return out
+
+    # ---- one edge's relayed uploads ---------------------------------------------------------------
+    def fuse(self, edge: str, envelope: pb.Envelope, r: int, plan_len: int) -> tuple[np.ndarray, float, list[dict]]:
+        """Check, dequantize, pass through the link and score every upload `edge` relayed; raises WireError (and
+        changes nothing) on any bad one. Returns (sum s_i y_i / sum s_i, sum s_i, rows for fusion.jsonl)."""
+        if envelope.tensors:
+            raise _refuse(f"{edge} sent tensors: under {self.cfg.run.algorithm} an edge only relays its devices' "
+                          "uploads", "bad_tensors")
+        if len(envelope.relayed) != envelope.meta.num_devices:
+            raise _refuse(f"{edge} relays {len(envelope.relayed)} uploads but says num_devices = "
+                          f"{envelope.meta.num_devices}", "bad_relay")
+        drawn, _ = self.draw(r)
+        members = set(topology.edge_members(self.cfg, topology.edge_index(edge)))
+        seen: set[str] = set()
+        acc = np.zeros(self.dim, np.float64)
+        total = 0.0
+        rows = []
+        for raw in envelope.relayed:
+            try:
+                upload = pb.Envelope.FromString(raw)
+            except DecodeError as exc:
+                raise _refuse(f"{edge} relayed an unreadable upload: {exc}", "malformed") from None
+            meta = upload.meta
+            validate.check_meta(meta, self.cfg.run.rounds, plan_len)
+            node = meta.sender_id
+            if node not in members or node not in drawn:
+                raise _refuse(f"{edge} relayed an upload from {validate.short(node)}, not one of its devices drawn for "
+                              f"round {r}", "bad_relay", grpc.StatusCode.PERMISSION_DENIED)
+            if node in seen:
+                raise _refuse(f"{edge} relayed {node} twice in round {r}", "replay", grpc.StatusCode.ALREADY_EXISTS)
+            seen.add(node)
+            if meta.round != r or meta.run_id != envelope.meta.run_id or meta.phase != plans.EDGE_MODEL_SYNC:
+                raise _refuse(f"{edge} relayed {node}'s upload for round {meta.round} ({validate.short(meta.phase)}), "
+                              f"not round {r}", "wrong_round", grpc.StatusCode.FAILED_PRECONDITION)
+            tensor = wire.single_tensor(upload, "delta")
+            if tensor.encoding != self.codec:
+                raise _refuse(f"{node}'s upload is {validate.short(tensor.encoding)}, the run's uplink codec is "
+                              f"{self.codec}", "wrong_codec")
+            payload = codecs.read_payload(tensor)
+            bits = int(drawn[node]["bits"])
+            if payload.levels != 1 << bits:
+                raise _refuse(f"{node} quantized with {payload.levels} levels; its plan gives b = {bits} bits "
+                              f"({1 << bits} levels)", "bad_header")
+            std = float(drawn[node]["link_std"])
+            link = StageRef("channel", "awgn", {"std": std}) if std > 0 else None
+            y, _ = self.uplink.receive(tensor, self.dim, self.cfg.run.seed, topology.device_index(node), r, meta.step,
+                                       link)
+            score, distortion = self._score(node, upload, payload, bits, std)
+            acc += score * y.astype(np.float64)
+            total += score
+            rows.append({"round": r, "device": node, "edge": edge, "group": int(drawn[node]["group"]), "bits": bits,
+                         "link_std": std, "score": score, "distortion": distortion, "bytes": len(tensor.data),
+                         "sha256": hashlib.sha256(tensor.data).hexdigest()})
+        delta = (acc / total).astype(np.float32) if total > 0 else np.zeros(self.dim, np.float32)
+        return delta, total, rows
+
+    def _score(self, node: str, upload: pb.Envelope, payload, bits: int, std: float) -> tuple[float, float | None]:
+        """The unnormalised fusion weight s_i (omega_i = s_i / sum s_j): 1 (uniform), (2^b - 1)^2 (fedhq),
+        theta = 1 / (E||Q(v)-v||^2 + d sigma^2) (fwo, eq. 14, with the configured estimate, digest 004 P3)."""
+        if self.rule == "uniform":
+            return 1.0, None
+        if self.rule == "fedhq":
+            return float((2 ** bits - 1) ** 2), None
+        eps = float(self.draw(self._round[0])[0][node].get("epsilon1", self.codec_eps) or 0.0)
+        if self.estimate == "device":
+            reported = [t.params["expected_distortion"] for t in upload.meta.transforms
+                        if t.stage == "encode" and "expected_distortion" in t.params]
+            if len(reported) != 1 or not (math.isfinite(reported[0]) and reported[0] >= 0):
+                raise _refuse(f"{node} reported no valid expected distortion (FWO's eq. 7 estimate)", "bad_transforms")
+            distortion = float(reported[0])
+        elif self.estimate == "uniform_cell":
+            step = (float(payload.side[1]) - float(payload.side[0])) / (payload.levels - 1)
+            distortion = self.dim * float(theory.dpsq_uniform_cell_distortion(step, eps))
+        else:
+            distortion = theory.dpsq_vector_bound(self.dim, self.groups.clip, bits)
+        return 1.0 / max(distortion + self.dim * std ** 2, SCORE_FLOOR), distortion
+
+    def log(self, rows: list[dict]) -> None:
+        """fusion.jsonl: every fused upload with its weight omega_i (over the whole round) and its hash."""
+        total = sum(row["score"] for row in rows)
+        for row in sorted(rows, key=lambda x: x["device"]):
+            metrics.append_jsonl(self.log_path, {**row, "weight": row["score"] / total if total else 0.0})
+
+    def describe(self) -> dict:
+        g = self.groups
+        out = {"fusion": self.rule, "cluster_mode": self.mode, "distortion_estimate": self.estimate,
+               "groups": [{"devices": s, "bits": b, "link_std": g.link_std[m],
+                           "epsilon1": g.epsilon1[m] if g.epsilon1 else self.codec_eps}
+                          for m, (s, b) in enumerate(zip(g.sizes, g.bits))],
+               "participants": self.cfg.precision.participants or sum(g.sizes),
+               "bit_budget": self.cfg.precision.bit_budget or None}
+        if self.codec in ("dpsq", "laplace-sq"):
+            out["epsilon_label"] = ("epsilon_claimed: the paper's claim, d * epsilon1 per device per upload (pure DP "
+                                    "only between inputs in the same quantization cell, no composition over rounds; "
+                                    "digest 004 P2); not computed by an accountant")
+        return out

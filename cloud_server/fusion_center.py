@@ -40,7 +40,7 @@ class FusionCenter:
         self.mode = precision.cluster_mode(cfg)
         self.rule = precision.fusion_rule(cfg)
         self.estimate = cfg.precision.distortion_estimate
-        self.uplink = Link.from_config(cfg.pipeline, "uplink")
+        self.uplink = Link.device_uplink(cfg)
         self.codec = cfg.pipeline.uplink_encoding
         self.codec_eps = self.uplink.encode_params.get("epsilon1")
         self.log_path = run_dir / "fusion.jsonl"

@@ -85,11 +85,12 @@ def _ref(slot: str, name: str, params: Mapping[str, Mapping[str, float]]) -> Sta
     return StageRef(slot, name, dict(params.get(name, {})))
 
 
-def _encode_params(encoding: str, hop: str, params: Mapping[str, Mapping[str, object]]) -> dict:
+def _encode_params(encoding: str, hop: str, params: Mapping[str, Mapping[str, object]],
+                   defaults: Mapping[str, object] | None = None) -> dict:
     """[pipeline.params.CODEC] overridden by [pipeline.params.HOP_encoding] (e.g. uplink_encoding.levels = 4
     and backhaul_encoding.levels = 10 for QHetFed's s1, s2 on one codec), validated now so a bad key fails
     at start-up."""
-    merged = {**params.get(encoding, {}), **params.get(f"{hop}_encoding", {})}
+    merged = {**(defaults or {}), **params.get(encoding, {}), **params.get(f"{hop}_encoding", {})}
     codec = wire.CODECS.get(encoding)
     if hasattr(codec, "params"):
         codec.params(**merged)
@@ -108,12 +109,20 @@ class Link:
     encode_params: Mapping[str, object] = field(default_factory=dict)
 
     @classmethod
-    def from_config(cls, pipeline, hop: str) -> "Link":
+    def device_uplink(cls, cfg) -> "Link":
+        """A run's device -> edge link: [pipeline], with the first precision group's bits and epsilon1 as encode
+        defaults under the codec's own parameters (each device's own come in its round plan, paper 004)."""
+        p = cfg.precision
+        defaults = {k: getattr(p, k)[0] for k in ("bits", "epsilon1") if getattr(p, k)}
+        return cls.from_config(cfg.pipeline, "uplink", defaults)
+
+    @classmethod
+    def from_config(cls, pipeline, hop: str, encode_defaults: Mapping[str, object] | None = None) -> "Link":
         p = pipeline.params
         if hop == "uplink":
             return cls("device", _ref("clip", pipeline.clip, p), _ref("device_noise", pipeline.device_noise, p),
                        pipeline.uplink_encoding, _ref("channel", pipeline.uplink_channel, p),
-                       _encode_params(pipeline.uplink_encoding, hop, p))
+                       _encode_params(pipeline.uplink_encoding, hop, p, encode_defaults))
         if hop == "backhaul":
             return cls("edge", _ref("clip", "identity", p), _ref("edge_noise", pipeline.edge_noise, p),
                        pipeline.backhaul_encoding, _ref("backhaul", pipeline.backhaul_channel, p),

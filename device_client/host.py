@@ -69,7 +69,7 @@ class Device:
         self.shard = shard
         self.trainer = trainer
         self.link = link
-        self.uplink = Link.from_config(cfg.pipeline, "uplink")
+        self.uplink = Link.device_uplink(cfg)
         self.downlink = Link.from_config(cfg.pipeline, "downlink")
         self.relay = plans.ALGORITHMS.get(cfg.run.algorithm).relay
         self.chunk_bytes = cfg.net.chunk_kib * 1024

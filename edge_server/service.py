@@ -283,7 +283,7 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
         counts = spec.get("samples")
         self.samples = {m: int(counts[topology.device_index(m)]) for m in self.members} if counts else {}
         self.live.grace_s = self.cfg.net.rejoin_grace_s
-        self.uplink = Link.from_config(self.cfg.pipeline, "uplink")
+        self.uplink = Link.device_uplink(self.cfg)
         self.backhaul = Link.from_config(self.cfg.pipeline, "backhaul")
         self.downlink = Link.from_config(self.cfg.pipeline, "downlink")
         self.chunk_bytes = self.cfg.net.chunk_kib * 1024

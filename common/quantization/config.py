@@ -88,6 +88,12 @@ def validate_precision(cfg) -> None:
                           "aggregation.edge_weights and cloud_weights at \"auto\"")
     if p.epsilon1 and cfg.pipeline.uplink_encoding not in ("dpsq", "laplace-sq"):
         _fail("epsilon1", f"is set, but the {cfg.pipeline.uplink_encoding} codec has no epsilon1")
+    from hfl.common.pipeline import Link
+
+    try:
+        Link.device_uplink(cfg)
+    except ValueError as exc:
+        raise ConfigError(f"pipeline.params.{cfg.pipeline.uplink_encoding}: {exc}") from None
     resolved = precision.resolve(cfg)
     mode = precision.cluster_mode(cfg)
     if mode == "cso" and resolved.clip is None:

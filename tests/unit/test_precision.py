@@ -179,3 +179,11 @@ def test_bad_relays_are_refused(tmp_path):
     with pytest.raises(wire.WireError) as err:
         center.fuse("edge-001", _relay("edge-001", [uploads[mine[0]]]), 0, 3)  # another edge's device
     assert err.value.code == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_group_epsilon1_stands_in_for_the_codecs_and_a_missing_one_names_the_key():
+    base = [o for o in PAPER if not o.startswith("pipeline.params.dpsq")]
+    link = Link.device_uplink(cfg(["precision.epsilon1=[1e-6, 2e-6]"], base=base))
+    assert link.encode_params["epsilon1"] == 1e-6 and link.encode_params["bits"] == 2
+    with pytest.raises(config.ConfigError, match=r"pipeline\.params\.dpsq: .*epsilon1 is required"):
+        cfg(base=base)

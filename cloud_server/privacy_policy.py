@@ -72,30 +72,39 @@ class PrivacyPolicy:
                                            v2=None if p.v2 == -1.0 else p.v2, **common)
 
     # ---- each round -------------------------------------------------------------------------
-    def participants(self, r: int) -> dict[str, tuple[str, ...]]:
+    def participants(self, r: int, counts: Mapping[str, int] | None = None) -> dict[str, tuple[str, ...]]:
+        """Round r's participants per cluster: s_c drawn uniformly from the run seed; s_c = counts[edge] (a
+        controller's choice) or train.participants (0: every member)."""
         out = {}
         for e in self.edges:
-            s = self.cfg.train.participants
+            s = counts[e] if counts else self.cfg.train.participants
             members = self.members[e]
             out[e] = tuple(members) if not s or s >= len(members) else sample_participants(
                 members, s, numpy_rng(self.cfg.run.seed, "cloud", 0, r, "participants", e))
         return out
 
-    def cluster_plans(self, r: int, participants: Mapping[str, Sequence[str]]) -> dict[str, pb.ClusterPlan]:
+    def cluster_plans(self, r: int, participants: Mapping[str, Sequence[str]], round_cfg=None
+                      ) -> dict[str, pb.ClusterPlan]:
+        """`round_cfg`: this round's config when a controller changed eta, tau or s_c: the noise multipliers stay
+        the calibrated ones (each release costs the same privacy), the std follows 2 eta_k tau_k G / s_c^k."""
         plans_ = {}
+        train = (round_cfg or self.cfg).train
         for e in self.edges:
-            params = {"trusted": float(self.levels[e] == TRUSTED), "laplace": float(self.p.mechanism == "laplace")}
+            trusted = self.levels[e] == TRUSTED
+            params = {"trusted": float(trusted), "laplace": float(self.p.mechanism == "laplace")}
             for stream, setting in self.settings[e].items():
                 params[f"noise_z_{stream}"] = setting.noise_multiplier
-                params[f"noise_sens_{stream}"] = setting.sensitivity
+                params[f"noise_sens_{stream}"] = setting.sensitivity if round_cfg is None else \
+                    calibration.h2fdp_sensitivity(train.lr, train.tau, self.p.clip,
+                                                  max(1, len(participants[e])) if trusted else 1)
             if self.algorithm.privacy == "aggregator":
                 d = sum(self._sizes(e))
                 params.update(delta_clip=self.p.clip, client_rate=self.p.client_rate, fixed_denominator=self.p.client_rate * d)
                 listed: Sequence[str] = ()  # the trusted edge draws its clients itself (Poisson, rate q_c)
             else:
                 # an honest upload sums m clipped minibatch steps: ||d_i|| <= eta m G, enforced by a trusted edge
-                params["delta_clip"] = self.cfg.train.lr * self.cfg.train.gamma * self.p.clip
-                listed = participants[e] if self.cfg.train.participants else ()
+                params["delta_clip"] = train.lr * train.gamma * self.p.clip
+                listed = participants[e] if len(participants[e]) < len(self.members[e]) else ()
             plans_[e] = pb.ClusterPlan(params=params, participants=list(listed))
         return plans_
 
@@ -107,7 +116,7 @@ class PrivacyPolicy:
             return [self.settings[e]["global"].record(e, self.members[e], r) for e in self.edges]
         return calibration.h2fdp_round_records(r, self.levels, participants, self.settings, self.local_per_round)
 
-    def refuse_round(self, r: int, participants) -> str | None:
+    def refuse_round(self, r: int, participants, dry_run: bool = False) -> str | None:
         """Why round r may not start (it would take a device past privacy.epsilon), or None.
 
         Paper mode is exempt: its noise is the paper's formula, whose claim is the budget by construction
@@ -117,6 +126,8 @@ class PrivacyPolicy:
             return None
         planned = self.planned_records(r, participants)
         if self.ledger.would_exceed(planned, self.p.epsilon):
+            if dry_run:
+                return "over budget"
             over = self.ledger.over_budget(planned, self.p.epsilon)
             self.stopped = (f"round {r} would take {len(over)} device(s) past privacy.epsilon = {self.p.epsilon} "
                             f"(e.g. {sorted(over)[:3]}); the run stops before it")

@@ -36,6 +36,7 @@ from hfl.common.service_base import Guarded, Liveness, Refusals, RoundBoard, hol
 from hfl.device_client.training import evaluate, make_shard
 from hfl.proto import hfl_v1_pb2 as pb
 
+from . import controller as controller_mod
 from .fusion_center import FUSION_WEIGHT, FusionCenter
 from .privacy_policy import PrivacyPolicy
 from hfl.proto import hfl_v1_pb2_grpc as pbg
@@ -96,6 +97,7 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
         self.bytes_up = 0
         self.bytes_down = 0
         self.tau_gamma: dict | None = None  # summary.json: how tau and gamma were set
+        self.controller = None  # control.controller: re-plans each round (cloud_server/controller.py)
         self.fusion: FusionCenter | None = None  # relay algorithms (paper 004): the cloud fuses every device upload
 
     def prepare(self) -> None:
@@ -328,6 +330,7 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
             self.policy = PrivacyPolicy(cfg, self.edges, self.device_samples, self.run_dir, self.claims)
             metrics.write_json(self.run_dir / "privacy.json", self.policy.describe())
             log.info("privacy: %s calibration, trust %s", cfg.privacy.calibration, self.policy.levels)
+        self.controller = controller_mod.build(cfg, self.policy, self.dim, self.device_samples, self.rows)
         rows = self.rows
         self.clock = CloudClock(cfg, rows)
         started = time.monotonic() - (rows[-1]["wall_seconds"] if rows else 0.0)
@@ -338,11 +341,12 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
             if not (self.resume and r == self.first_round):  # a resumed round keeps what was accepted already
                 self.round = r
                 self.results = {}
-            clusters = self._cluster_plans(r)
+            decision = self.controller.decide(r) if self.controller is not None else None
+            clusters = self._cluster_plans(r, decision)
             if clusters is None:
                 break
             tensor = self.downlink.send(self.w, "model", cfg.run.seed, 0, r, -1)[0]
-            plan = schedule.plan(r)
+            plan = plans.build_plan(decision.cfg) if decision is not None else schedule.plan(r)
             task = pb.RoundTask(round=r, phases=plan, clusters=clusters)
             await self.board.publish(r, pb.Envelope(meta=pb.Meta(run_id=self.run_id, round=r, sender_id="cloud"),
                                                     tensors=[tensor], task=task), self.chunk_bytes)
@@ -356,6 +360,9 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
             stats.update(schedule.record(stats))
             if self.policy is not None:
                 stats.update(self.policy.record(r, {e: res.transforms for e, res in self.results.items()}))
+            if decision is not None:  # the controller's choice for this round and what it measured
+                stats.update(decision.columns)
+                self.controller.observe(r, self.results, stats)
             if self.fusion is not None:
                 stats.update(self.fusion.round_stats(r))
                 self.fusion.log([row for e in sorted(self.results) for row in self.results[e].fused])
@@ -377,7 +384,7 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
         executor.shutdown(wait=False)
         return 0 if self.stop_reason or any(r["edges"] for r in rows[-1:]) else 1
 
-    def _cluster_plans(self, r: int) -> dict[str, pb.ClusterPlan] | None:
+    def _cluster_plans(self, r: int, decision=None) -> dict[str, pb.ClusterPlan] | None:
         """Round r's per-cluster plan (trust, noise, participants), or None when the privacy budget forbids it."""
         if self.fusion is not None:
             return self.fusion.cluster_plans(r)
@@ -389,13 +396,13 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
             return {e: pb.ClusterPlan(participants=sample_participants(
                 topology.edge_members(self.cfg, topology.edge_index(e)), self.cfg.train.participants,
                 numpy_rng(self.cfg.run.seed, "cloud", 0, r, "participants", e))) for e in self.edges}
-        participants = self.policy.participants(r)
+        participants = self.policy.participants(r, decision.participants if decision is not None else None)
         reason = self.policy.refuse_round(r, participants)
         if reason:
             log.warning("privacy budget: %s", reason)
             self.stop_reason = reason
             return None
-        return self.policy.cluster_plans(r, participants)
+        return self.policy.cluster_plans(r, participants, decision.cfg if decision is not None else None)
 
     async def _await_results(self, r: int, timeout: float) -> None:
         """Wait for every expected edge; a lost edge gets its grace period, a silent one `timeout`."""
@@ -535,6 +542,8 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
             "tau_gamma": self.tau_gamma,
         }
         summary.update(self.clock.summary())
+        if self.controller is not None:
+            summary["control"] = self.controller.describe()
         if self.fusion is not None:
             summary["fusion"] = self.fusion.describe()
             claims = [r["epsilon_claimed"] for r in rows if r.get("epsilon_claimed") is not None]

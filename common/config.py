@@ -142,6 +142,7 @@ class Config:
     channel: "ChannelSection" = field(default_factory=lambda: _lazy_section("ChannelSection")())
     clock: "ClockSection" = field(default_factory=lambda: _lazy_section("ClockSection")())
     precision: "PrecisionSection" = field(default_factory=lambda: _lazy_section("PrecisionSection")())
+    control: "ControlSection" = field(default_factory=lambda: _lazy_section("ControlSection")())
 
     @property
     def num_devices(self) -> int:
@@ -155,7 +156,8 @@ def _privacy_section():
 
 
 _LAZY_SECTIONS = {"PrivacySection": "hfl.common.privacy.config", "ChannelSection": "hfl.common.channel.config",
-                  "ClockSection": "hfl.common.channel.config", "PrecisionSection": "hfl.common.quantization.config"}
+                  "ClockSection": "hfl.common.channel.config", "PrecisionSection": "hfl.common.quantization.config",
+                  "ControlSection": "hfl.common.control.config"}
 
 
 def _lazy_section(name: str) -> type:
@@ -293,6 +295,9 @@ def validate_cross(config: Config) -> None:
     from hfl.common.quantization.config import validate_precision
 
     validate_precision(config)
+    from hfl.common.control.config import validate_control
+
+    validate_control(config)
     from hfl.common.channel.config import validate_channel
 
     validate_channel(config.channel, config.clock)

@@ -73,6 +73,8 @@ SCALARS.register("rejoined", ScalarSpec(0.0, 1e7, "devices that rejoined after a
 SCALARS.register("restarts", ScalarSpec(0.0, 1e6, "times the edge restarted its cluster's round"))
 SCALARS.register("q_uplink", ScalarSpec(0.0, 1e12, "mean measured quantizer error ||Q(x) - x||^2 / ||x||^2 of the "
                                                      "devices' uploads this round"))
+SCALARS.register("beta_estimate", ScalarSpec(0.0, 1e12, "smoothness estimate ||g(w') - g(w)|| / ||w' - w|| on one "
+                                              "batch (largest over the sender's devices; H2FDP(ctrl))"))
 SCALARS.register("clipped", ScalarSpec(0.0, 1e9, "uploads a trusted edge clipped to the plan's bound"))
 SCALARS.register("samples_processed", ScalarSpec(0.0, 1e12, "samples a device trained on since its previous upload "
                                                              "(emulated compute time; the edge infers it from the plan "

@@ -26,7 +26,7 @@ from hfl.common.upstream import Upstream
 from hfl.proto import hfl_v1_pb2 as pb
 from hfl.proto import hfl_v1_pb2_grpc as pbg
 
-from .training import Shard, local_sgd, make_shard, minibatch_gradient
+from .training import Shard, local_sgd, make_shard, minibatch_gradient, smoothness
 
 log = logging.getLogger("hfl.devices")
 
@@ -72,6 +72,7 @@ class Device:
         self.uplink = Link.device_uplink(cfg)
         self.downlink = Link.from_config(cfg.pipeline, "downlink")
         self.relay = plans.ALGORITHMS.get(cfg.run.algorithm).relay
+        self.report_beta = cfg.control.controller != "none" and cfg.control.beta < 0  # H2FDP(ctrl) estimates beta
         self.chunk_bytes = cfg.net.chunk_kib * 1024
         self.max_bytes = cfg.net.max_message_mb << 20
         self.rounds_done = 0
@@ -171,16 +172,25 @@ class Device:
         if (cluster.participants or cluster.only_listed) and self.id not in cluster.participants:
             return  # not drawn this round: idle, and resynchronise from the next round's global model
         cplan = dict(cluster.params)
+        extra: dict = {}  # scalars for the next upload (e.g. this round's smoothness estimate)
+        beta_pending = self.report_beta  # once per round, on the round's first local window
         encode = encode_overrides(cluster.devices[self.id].params) if self.id in cluster.devices else None
         for step, phase in enumerate(task.phases):
             p = phase.params
             if phase.kind == plans.LOCAL_SGD:
+                start = w
                 steps = int(p["steps"]) if "steps" in p else None
                 epochs = int(p["epochs"]) if "epochs" in p else None
                 w, loss, taken = await self.trainer.run(local_sgd, w, self.shard, p["lr"], batch, self._gen(task.round, step),
                                                         steps=steps, epochs=epochs, clip=p.get("clip", 0.0))
                 if taken:
                     losses.append(loss)
+                if beta_pending and taken:
+                    beta_pending = False
+                    beta = await self.trainer.run(smoothness, start, w, self.shard, batch, torch_generator(
+                        self.cfg.run.seed, "device", self.index, task.round, step, "beta"))
+                    if np.isfinite(beta):
+                        extra["beta_estimate"] = beta
             elif phase.kind == plans.EDGE_GRADIENT_STEP:
                 grad, loss = await self.trainer.run(minibatch_gradient, w, self.shard, batch, self._gen(task.round, step))
                 losses.append(loss)
@@ -191,6 +201,8 @@ class Device:
                 anchor = anchor - np.float32(p["lr"]) * g
             elif phase.kind == plans.EDGE_MODEL_SYNC:
                 scalars = {"train_loss": float(np.mean(losses))} if losses else {}
+                scalars.update(extra)
+                extra = {}
                 if not np.isfinite(w).all():  # a diverged model: nothing sound to send; the round goes on without us
                     self.diverged += 1
                     log.warning("%s: local training diverged in round %d (non-finite weights); sitting out the "

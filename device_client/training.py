@@ -85,6 +85,23 @@ def minibatch_gradient(model: nn.Module, w: np.ndarray, shard: Shard, batch_size
     return grad.numpy().astype(np.float32, copy=True), loss
 
 
+def smoothness(model: nn.Module, w_a: np.ndarray, w_b: np.ndarray, shard: Shard, batch_size: int,
+               gen: torch.Generator) -> float:
+    """||g(w_b) - g(w_a)|| / ||w_b - w_a||, both gradients on one mini-batch: this device's estimate of the
+    smoothness beta along its own step (digest 000 section 10, for H2FDP(ctrl)); 0 when w_a == w_b."""
+    step = float(np.linalg.norm(w_b.astype(np.float64) - w_a.astype(np.float64)))
+    if not step > 0:
+        return 0.0
+    idx = torch.randperm(len(shard), generator=gen)[:batch_size]
+    grads = []
+    for w in (w_a, w_b):
+        set_flat(model, w)
+        model.train()
+        _loss_and_backward(model, shard, idx)
+        grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]).double())
+    return float(torch.linalg.norm(grads[1] - grads[0])) / step
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, w: np.ndarray, shard: Shard, batch_size: int = 1000) -> tuple[float, float]:
     """(accuracy, mean cross-entropy) of weights `w` on `shard`."""

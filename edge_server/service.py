@@ -97,6 +97,7 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
         self.participants: set[str] = set()
         self.dp_records: list = []
         self.relayed: list[bytes] = []
+        self.betas: list[float] = []
         self.cluster_plan = pb.ClusterPlan()
         self.joined = asyncio.Event()
         self.stop = asyncio.Event()
@@ -392,6 +393,7 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
         self.dp_records = []
         self.q_uplink = []
         self.relayed = []
+        self.betas: list[float] = []
         comm_steps = [i for i, p in enumerate(self.plan) if p.kind in plans.DEVICE_UPLOAD_PHASES]
         self.barriers = {i: Barrier(i, self.plan[i].kind) for i in comm_steps}
         self.active_step = comm_steps[0] if comm_steps else None
@@ -466,6 +468,7 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
             weights = [c.samples if self.edge_weights == "samples" else 1 for c in contributions]
             agg = self._private_aggregate(contributions, weights, nodes, phase, step, round_)
             self.losses.extend(c.scalars["train_loss"] for c in contributions if "train_loss" in c.scalars)
+            self.betas.extend(c.scalars["beta_estimate"] for c in contributions if "beta_estimate" in c.scalars)
             if phase.kind == plans.EDGE_GRADIENT_STEP:
                 cluster_w = cluster_w - np.float32(phase.params["lr"]) * agg
                 reply_vec, name = agg, "gradient"
@@ -536,6 +539,8 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
             scalars["train_loss"] = float(np.mean(self.losses))
         if self.q_uplink:
             scalars["q_uplink"] = float(np.mean(self.q_uplink))
+        if self.betas:
+            scalars["beta_estimate"] = float(max(self.betas))
         scalars.update(self.clock.report())
         self.bytes_up = self.bytes_down = 0
         self.restarts = self.rejoined = self.clipped = 0

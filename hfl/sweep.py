@@ -16,6 +16,8 @@ A spec (paths relative to the spec file):
     curves = ["accuracy"]               # metrics.jsonl fields plotted against each of `x`
     x = ["round", "emulated_seconds"]   # an x absent from the metrics is skipped
     group_by = "run.algorithm"          # one plot per value of this varied key (optional)
+    target = { accuracy = 0.75 }        # optional: per run, the first round whose metric reaches the value, and
+                                        # the cumulative emulated seconds and energy then (target.* columns)
 
 Each run goes to OUT/CELL/seed-S; a run whose summary.json exists is not run again. At the end:
 OUT/results.md, OUT/results.json and OUT/CURVE_vs_X[__KEY-VALUE].png.
@@ -39,8 +41,10 @@ from hfl.common import config as config_mod
 from hfl.common import metrics
 
 SPEC_KEYS = ("name", "description", "config", "seeds", "base", "grid", "variants", "report")
-REPORT_KEYS = ("fields", "curves", "x", "group_by")
-DEFAULT_REPORT = {"fields": ["final_accuracy"], "curves": ["accuracy"], "x": ["round", "emulated_seconds"], "group_by": None}
+REPORT_KEYS = ("fields", "curves", "x", "group_by", "target")
+DEFAULT_REPORT = {"fields": ["final_accuracy"], "curves": ["accuracy"], "x": ["round", "emulated_seconds"], "group_by": None,
+                  "target": None}
+TARGET_COLUMNS = ("round", "emulated_seconds", "energy_joules_total", "wall_seconds")
 VARIANT = "variant"  # the varied key that names a [variants.NAME] table
 
 
@@ -144,6 +148,12 @@ def parse_spec(text: str, path: pathlib.Path) -> Spec:
             report[key] = [report[key]]
         if not isinstance(report[key], list) or not all(isinstance(v, str) for v in report[key]):
             raise SweepError(f"report.{key} must be a list of names, got {report[key]!r}")
+    target = report["target"]
+    if target is not None:
+        if not isinstance(target, dict) or len(target) != 1 or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in target.values()):
+            raise SweepError(f"report.target must be one metric and its value, e.g. {{ accuracy = 0.75 }}, got {target!r}")
+        report["fields"] = list(report["fields"]) + [f"target.{c}" for c in ("reached",) + TARGET_COLUMNS]
     spec = Spec(str(raw.get("name", path.stem)), path, base, grid, variants, seeds, report)
     group_by = report["group_by"]
     if group_by is not None and group_by not in spec.varied_keys:
@@ -224,6 +234,15 @@ def _numbers(obj: Any, prefix: str = "") -> dict[str, float]:
     return out
 
 
+def to_target(rows: list[dict], target: dict) -> dict[str, float | None]:
+    """The first row whose `metric` reaches `value` (>=), and the cumulative emulated seconds, energy and wall
+    seconds by then; `reached` 1 or 0 (its mean over seeds is the share that got there); None for a run that
+    never reaches it (left out of the mean, never counted as 0)."""
+    (metric, value), = target.items()
+    hit = next((r for r in rows if r.get(metric) is not None and r[metric] >= value), None)
+    return {"reached": float(hit is not None), **{c: (hit.get(c) if hit else None) for c in TARGET_COLUMNS}}
+
+
 def epsilon_fields(summary: dict) -> dict[str, float]:
     """The run-level numeric summary fields whose name holds "epsilon", at most one level deep (nested keys
     dotted: epsilon_claimed, privacy.epsilon_mean); per-edge planning details stay in summary.json."""
@@ -257,6 +276,11 @@ def aggregate(spec: Spec, runs: list[Run], errors: dict[pathlib.Path, str]) -> l
     out = []
     for cell, members in cells.items():
         summaries = {r.seed: json.loads((r.run_dir / "summary.json").read_text()) for r in members if r.done}
+        if spec.report.get("target"):
+            for r in members:
+                if r.seed in summaries:
+                    summaries[r.seed]["target"] = to_target(metrics.read_jsonl(r.run_dir / "metrics.jsonl"),
+                                                            spec.report["target"])
         eps_keys = sorted({k for s in summaries.values() for k in epsilon_fields(s)})
         stats = {f: mean_std([_numbers(s).get(f) for s in summaries.values()]) for f in spec.report["fields"]}
         eps = {k: mean_std([epsilon_fields(s).get(k) for s in summaries.values()]) for k in eps_keys}

@@ -178,3 +178,16 @@ def test_mean_std():
 @pytest.mark.parametrize("path", sorted(SMOKE.parent.glob("*.toml")), ids=lambda p: p.name)
 def test_every_shipped_spec_expands(path):
     assert sweep.expand(sweep.load_spec(path), pathlib.Path("/nonexistent/out"))
+
+
+def test_to_target_finds_the_first_round_reaching_the_value():
+    rows = [{"round": 0, "accuracy": 0.5, "emulated_seconds": 1.0, "energy_joules_total": 2.0, "wall_seconds": 3.0},
+            {"round": 1, "accuracy": None, "emulated_seconds": 2.0, "energy_joules_total": 4.0, "wall_seconds": 4.0},
+            {"round": 2, "accuracy": 0.8, "emulated_seconds": 3.0, "energy_joules_total": 6.0, "wall_seconds": 5.0},
+            {"round": 3, "accuracy": 0.9, "emulated_seconds": 4.0, "energy_joules_total": 8.0, "wall_seconds": 6.0}]
+    assert sweep.to_target(rows, {"accuracy": 0.75}) == {"reached": 1.0, "round": 2, "emulated_seconds": 3.0,
+                                                         "energy_joules_total": 6.0, "wall_seconds": 5.0}
+    missed = sweep.to_target(rows, {"accuracy": 0.95})
+    assert missed["reached"] == 0.0 and missed["round"] is None and missed["energy_joules_total"] is None
+    with pytest.raises(sweep.SweepError, match="report.target"):
+        sweep.parse_spec('seeds = [0]\n[report]\ntarget = { accuracy = "high" }\n', pathlib.Path("/tmp/x.toml"))

@@ -74,6 +74,8 @@ SCALARS.register("restarts", ScalarSpec(0.0, 1e6, "times the edge restarted its 
 # a ratio: LaplaceSQ read literally (noise of scale 1e6 rho at eps1 = 1e-6) legitimately reaches ~1e16
 SCALARS.register("q_uplink", ScalarSpec(0.0, 1e300, "mean measured quantizer error ||Q(x) - x||^2 / ||x||^2 of the "
                                                      "devices' uploads this round"))
+SCALARS.register("t_step_seconds", ScalarSpec(0.0, 1e9, "emulated compute time of one SGD step, slowest participant"))
+SCALARS.register("t_upload_seconds", ScalarSpec(0.0, 1e9, "emulated upload air time, slowest participant"))
 SCALARS.register("beta_estimate", ScalarSpec(0.0, 1e12, "smoothness estimate ||g(w') - g(w)|| / ||w' - w|| on one "
                                               "batch (largest over the sender's devices; H2FDP(ctrl))"))
 SCALARS.register("clipped", ScalarSpec(0.0, 1e9, "uploads a trusted edge clipped to the plan's bound"))

@@ -31,6 +31,9 @@ SLOTS_PER_ROUND = 1 << 16  # fading slot of (round, step): round * SLOTS_PER_ROU
 
 # scalars an edge reports with its submit (registered in hfl.common.validate.SCALARS)
 CLUSTER_SECONDS, DEVICE_JOULES, EDGE_JOULES = "clock_seconds", "device_joules", "edge_joules"
+# the latency model's inputs as this cluster saw them (paper 001's t_CP, t_DE): the slowest participant's
+# compute time of one SGD step, and its upload air time (largest over the round's upload phases)
+STEP_SECONDS, UPLOAD_SECONDS = "t_step_seconds", "t_upload_seconds"
 SAMPLES_PROCESSED = "samples_processed"  # optional, from a device: samples it trained on since its last upload
 BACKHAUL_BYTES = "backhaul_bytes"  # measured by the cloud on a submit; unregistered, so no peer can claim it
 
@@ -160,6 +163,7 @@ class EdgeClock:
         """A new round attempt: the edge has just broadcast the global model (`model_bytes`) to `receivers`."""
         self.round, self.phases = round_, list(phases)
         self.seconds = self.device_j = self.edge_j = 0.0
+        self.step_s = self.upload_s = 0.0
         self.last_upload: dict[str, int] = {}
         self.sizes: dict[tuple[int, str], int] = {}
         self._broadcast(-1, sorted(receivers), model_bytes)
@@ -178,7 +182,10 @@ class EdgeClock:
         bits = [8 * self.sizes.get((step, n), 0) for n in nodes]
         tx = [self.node[n] for n in nodes]
         gains = link_gains(self.p, self.seed, slot(self.round, step), tx, self.edge_node, [self.distance[n] for n in nodes])
-        seconds, joules = upload_phase(self.p, bits, samples, gains, [self.cpu_hz[n] for n in nodes])
+        cpu = [self.cpu_hz[n] for n in nodes]
+        seconds, joules = upload_phase(self.p, bits, samples, gains, cpu)
+        self.step_s = max(self.step_s, float(np.max(clock.compute_time(self.batch, self.p.cycles_per_sample, cpu))))
+        self.upload_s = max(self.upload_s, float(np.max(air_times(self.p, bits, gains, self.p.device_power_w))))
         self.seconds += seconds
         self.device_j += float(joules.sum())
         self.last_upload.update((n, step) for n in nodes)
@@ -194,7 +201,10 @@ class EdgeClock:
         self.edge_j += joules
 
     def report(self) -> dict[str, float]:
-        return {CLUSTER_SECONDS: self.seconds, DEVICE_JOULES: self.device_j, EDGE_JOULES: self.edge_j}
+        out = {CLUSTER_SECONDS: self.seconds, DEVICE_JOULES: self.device_j, EDGE_JOULES: self.edge_j}
+        if self.step_s or self.upload_s:
+            out.update({STEP_SECONDS: self.step_s, UPLOAD_SECONDS: self.upload_s})
+        return out
 
 
 class CloudClock:
@@ -218,8 +228,13 @@ class CloudClock:
             clock.transmit_energy(self.p.edge_power_w, up.sum()))
         self.seconds += seconds
         self.joules += joules
-        return {"round_emulated_seconds": seconds, "emulated_seconds": self.seconds, "energy_joules": joules,
-                "device_energy_joules": device_j, "energy_joules_total": self.joules}
+        out = {"round_emulated_seconds": seconds, "emulated_seconds": self.seconds, "energy_joules": joules,
+               "device_energy_joules": device_j, "energy_joules_total": self.joules}
+        steps = [s[STEP_SECONDS] for s in scalars if STEP_SECONDS in s]
+        if steps:  # paper 001's latency inputs as emulated this round (the barrier: the slowest of each)
+            out.update(t_cp_emulated=max(steps), t_de_emulated=max(s.get(UPLOAD_SECONDS, 0.0) for s in scalars),
+                       t_ec_emulated=float(up.max()) if up.size else 0.0)
+        return out
 
     def lag(self, wall_seconds: float) -> float:
         """clock.pace: how long to hold the next round so that wall-clock time catches up with emulated time."""

@@ -26,6 +26,7 @@ from . import theory
 
 log = logging.getLogger("hfl.schedule")
 
+MAX_DEADLINE_RATIO = 1000  # latency.source = "emulated": a deadline this many T_di(1, 1) would enumerate ~1e6 pairs
 EXACT_ENCODINGS = ("float32", "float16")  # q ~ 0 (float16 rounds to 2^-11 relative: negligible against QSGD's q)
 
 
@@ -81,7 +82,8 @@ def validate(cfg) -> None:
     if encoding != "qsgd" and encoding not in EXACT_ENCODINGS:
         raise ConfigError(f"latency.auto_tau_gamma: pipeline.uplink_encoding = {encoding!r} has no relative-error "
                           f"bound q1; use qsgd or one of {', '.join(EXACT_ENCODINGS)}")
-    check_deadline(s)
+    if s.source == "config":  # emulated: the times are known only once a round has run
+        check_deadline(s)
 
 
 def check_deadline(s) -> None:
@@ -111,14 +113,15 @@ def theoretical_q(cfg, dim: int) -> tuple[float, str]:
         f"QSGD bound min(d/s^2, sqrt(d)/s) with s1 = {p['levels']}, d = {d}"
 
 
-def choose(cfg, dim: int, q1: float | None = None) -> tuple[lo.TauGammaChoice, float, str]:
-    """(choice, q1 used, where q1 came from): q1 given = measured, else the theoretical q1."""
+def choose(cfg, dim: int, q1: float | None = None, times: dict | None = None) -> tuple[lo.TauGammaChoice, float, str]:
+    """(choice, q1 used, where q1 came from): q1 given = measured, else the theoretical q1. `times` replaces
+    [latency]'s t_cp_s, t_de_s, t_ec_s (latency.source = "emulated": the previous round's emulated clock)."""
     if q1 is None:
         q1, source = theoretical_q(cfg, dim)
         source = f"theory ({source})"
     else:
         source = "measured"
-    s = cfg.latency
+    s = cfg.latency if not times else dataclasses.replace(cfg.latency, **times)
     check_deadline(s)
     choice = lo.choose_tau_gamma(s.deadline_s, s.t_cp_s, s.t_de_s, s.t_ec_s, num_edges=cfg.topology.edges,
                                  num_devices=cfg.num_devices, q1=q1, uploads=s.uploads)
@@ -145,6 +148,10 @@ class RoundSchedule:
         self.fixed = None if self.auto else plans.build_plan(cfg)
         self.current: dict = {"tau": cfg.train.tau, "gamma": cfg.train.gamma}
         self.choices: list[dict] = []
+        last = rows[-1] if rows else {}
+        # latency.source = "emulated": t_cp_s, t_de_s, t_ec_s of the last round (a resumed run: its last row's)
+        self.emulated: dict | None = ({"t_cp_s": last["t_cp_emulated"], "t_de_s": last["t_de_emulated"],
+                                       "t_ec_s": last["t_ec_emulated"]} if last.get("t_cp_emulated") else None)
 
     def plan(self, r: int) -> list:
         """Round r's phases: the configured plan, or one built from this round's optimised (tau, gamma)."""
@@ -152,9 +159,28 @@ class RoundSchedule:
             return self.fixed
         from hfl.common import plans
 
-        choice, q1, source = choose(self.cfg, self.dim, self.measured_q)
+        times = self.emulated if self.cfg.latency.source == "emulated" else None
+        if self.cfg.latency.source == "emulated" and times is None:  # round 0: nothing measured yet
+            self.current = {"tau": self.cfg.train.tau, "gamma": self.cfg.train.gamma, "phi": None, "q1_used": None,
+                            "q1_source": "none", "latency_source": "configured plan (nothing emulated yet)",
+                            "t_cp_s_used": None, "t_de_s_used": None, "t_ec_s_used": None}
+            self.choices.append({"round": r, **self.current})
+            return plans.build_plan(self.cfg)
+        if times is not None:
+            least = float(lo.round_latency(1, 1, times["t_cp_s"], times["t_de_s"], times["t_ec_s"],
+                                           self.cfg.latency.uploads))
+            if not least <= self.cfg.latency.deadline_s <= MAX_DEADLINE_RATIO * least:
+                log.warning("round %d: latency.deadline_s = %g s is not within [1, %d] x the emulated T_di(1, 1) = "
+                            "%.4g s; keeping tau = %d, gamma = %d", r, self.cfg.latency.deadline_s, MAX_DEADLINE_RATIO,
+                            least, self.current["tau"], self.current["gamma"])
+                self.current = {**self.current, "latency_source": "kept (deadline out of range)"}
+                self.choices.append({"round": r, **self.current})
+                return plans.build_plan(with_tau_gamma(self.cfg, self.current["tau"], self.current["gamma"]))
+        choice, q1, source = choose(self.cfg, self.dim, self.measured_q, times)
+        used = times or {k: getattr(self.cfg.latency, k) for k in ("t_cp_s", "t_de_s", "t_ec_s")}
         self.current = {"tau": choice.tau, "gamma": choice.gamma, "phi": choice.phi, "q1_used": q1,
-                        "q1_source": "measured" if source == "measured" else "theory"}
+                        "q1_source": "measured" if source == "measured" else "theory",
+                        "latency_source": "emulated" if times else "config", **{f"{k}_used": v for k, v in used.items()}}
         self.choices.append({"round": r, **self.current, "round_virtual_seconds": choice.latency,
                              "q1_detail": source if source != "measured" else f"q_uplink of round {r - 1}"})
         log.info("round %d: tau=%d gamma=%d (Phi %.4g, T_di %.4g s of %.4g s) with q1=%.4g from %s", r, choice.tau,
@@ -165,12 +191,16 @@ class RoundSchedule:
         """Metrics columns for the round just aggregated; remembers its measured q for the next choice."""
         if stats.get("q_uplink") is not None:
             self.measured_q = float(stats["q_uplink"])
+        if stats.get("t_cp_emulated"):
+            self.emulated = {"t_cp_s": stats["t_cp_emulated"], "t_de_s": stats["t_de_emulated"],
+                             "t_ec_s": stats["t_ec_emulated"]}
         out = {}
         if self.model is not None:
             self.virtual += self.model.seconds(self.current["tau"], self.current["gamma"], self.cfg.latency)
             out["virtual_seconds"] = self.virtual
         if self.auto:
-            out.update({k: self.current[k] for k in ("tau", "gamma", "q1_used", "q1_source")})
+            out.update({k: self.current[k] for k in ("tau", "gamma", "q1_used", "q1_source", "latency_source",
+                                                     "t_cp_s_used", "t_de_s_used", "t_ec_s_used")})
         return out
 
     def describe(self) -> dict:

@@ -86,3 +86,21 @@ def test_auto_tau_gamma_records_its_choice(hfl_testbed):
     # the chosen tau reached the devices: each made tau + 1 uploads that round (train.tau = 50 was not used)
     assert_packed(rows, dim, [row["tau"] + 1 for row in rows])
     assert rows[-1]["accuracy"] > 0.3, [r["accuracy"] for r in rows]
+
+
+def test_auto_tau_gamma_from_the_emulated_clock(hfl_testbed):
+    # latency.source = "emulated": from round 1 the cloud plugs the previous round's emulated t_CP (slowest SGD
+    # step), t_DE (slowest upload) and t_EC (slowest backhaul) into paper 001's optimiser for a 2 s deadline
+    tb = hfl_testbed(overrides=SMALL + QSGD + ["run.algorithm=qhetfed", "run.rounds=3", "latency.auto_tau_gamma=true",
+                                               "latency.source=emulated", "latency.deadline_s=2.0"])
+    summary = tb.wait(timeout=300)
+    rows = tb.metrics()
+    assert rows[0]["latency_source"].startswith("configured") and (rows[0]["tau"], rows[0]["gamma"]) == (2, 5)
+    for prev, row in zip(rows, rows[1:]):
+        assert row["latency_source"] == "emulated"
+        assert (row["t_cp_s_used"], row["t_de_s_used"], row["t_ec_s_used"]) == pytest.approx(
+            (prev["t_cp_emulated"], prev["t_de_emulated"], prev["t_ec_emulated"]))
+        chosen = lo.choose_tau_gamma(2.0, row["t_cp_s_used"], row["t_de_s_used"], row["t_ec_s_used"], num_edges=EDGES,
+                                     num_devices=DEVICES, q1=row["q1_used"])
+        assert (row["tau"], row["gamma"]) == (chosen.tau, chosen.gamma)
+    assert summary["tau_gamma"]["mode"] == "auto"

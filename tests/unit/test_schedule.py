@@ -51,7 +51,8 @@ def test_auto_schedule_builds_each_round_from_its_choice():
     assert counts(sched.plan(0)) == (1, 4)
     row = sched.record({"q_uplink": 1.0})
     assert row == {"virtual_seconds": 8.0, "tau": 1, "gamma": 4, "q1_used": pytest.approx(42.528, abs=1e-3),
-                   "q1_source": "theory"}
+                   "q1_source": "theory", "latency_source": "config", "t_cp_s_used": 1.0, "t_de_s_used": 1.0,
+                   "t_ec_s_used": 2.0}
     # round 1: the measured q1 = 1 (k = 2/3) favours more tau: (2, 2); the clock adds T_di(2, 2) = 8 s
     assert counts(sched.plan(1)) == (2, 2)
     row = sched.record({"q_uplink": 30.0})
@@ -150,3 +151,21 @@ def test_hfl_plan_measured_q1_and_model_from_config(capsys):
 def test_hfl_plan_bad_inputs(args, message, capsys):
     assert plan_main(["plan", *args]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_emulated_latency_source_chooses_from_the_previous_rounds_clock():
+    c = cfg(*QSGD, "latency.auto_tau_gamma=true", "latency.source=emulated", "latency.deadline_s=8",
+            "train.tau=3", "train.gamma=2")
+    sched = schedule.RoundSchedule(c, DIM)
+    assert counts(sched.plan(0)) == (3, 2)  # nothing emulated yet: the configured plan
+    row = sched.record({"q_uplink": 1.0, "t_cp_emulated": 1.0, "t_de_emulated": 1.0, "t_ec_emulated": 2.0})
+    assert row["latency_source"].startswith("configured") and row["tau"] == 3
+    # the emulated times equal SMALL_LATENCY's, so the choice is the config-driven one at q1 = 1: (2, 2)
+    assert counts(sched.plan(1)) == (2, 2)
+    row = sched.record({"q_uplink": 1.0, "t_cp_emulated": 0.001, "t_de_emulated": 0.001, "t_ec_emulated": 0.001})
+    assert row["latency_source"] == "emulated" and (row["t_cp_s_used"], row["t_ec_s_used"]) == (1.0, 2.0)
+    # a deadline of 8 s is 2,000 x the new T_di(1, 1) = 4 ms: out of range, the previous (tau, gamma) is kept
+    assert counts(sched.plan(2)) == (2, 2)
+    assert sched.record({})["latency_source"].startswith("kept")
+    with pytest.raises(config_mod.ConfigError, match="latency.source"):
+        cfg("latency.source=measured")

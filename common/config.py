@@ -123,6 +123,8 @@ class LatencySection:
     t_de_s: float = doc(3.3356, "T_di model: one device -> edge upload, d_b / (B log2(1 + h p / N0)) (Table III; d_b = 32 d "
                                 "of the paper's CNN, d = 591,274)", min=0.0)
     t_ec_s: float = doc(33.356, "T_di model: one edge -> cloud upload (Table III: 10 t_DE)", min=0.0)
+    pick: str = choice("optimised", ("optimised", "random"), "auto_tau_gamma: the optimiser's pair, or a feasible pair "
+                       "drawn uniformly each round from the run seed (the baseline of digest 001 section 9.5)")
     source: str = choice("config", ("config", "emulated"), "where auto_tau_gamma takes t_CP, t_DE, t_EC: these keys, or "
                          "the emulated clock of the previous round (slowest device's SGD step and upload, slowest backhaul)")
     uploads: str = choice("paper", ("paper", "exact"), "device uploads per QHetFed round in T_di: paper = tau (the "

@@ -21,6 +21,8 @@ from typing import Callable
 
 from hfl.common.registry import Registry
 
+from hfl.common.seeding import numpy_rng
+
 from . import latency_opt as lo
 from . import theory
 
@@ -113,7 +115,8 @@ def theoretical_q(cfg, dim: int) -> tuple[float, str]:
         f"QSGD bound min(d/s^2, sqrt(d)/s) with s1 = {p['levels']}, d = {d}"
 
 
-def choose(cfg, dim: int, q1: float | None = None, times: dict | None = None) -> tuple[lo.TauGammaChoice, float, str]:
+def choose(cfg, dim: int, q1: float | None = None, times: dict | None = None, round_: int = 0
+           ) -> tuple[lo.TauGammaChoice, float, str]:
     """(choice, q1 used, where q1 came from): q1 given = measured, else the theoretical q1. `times` replaces
     [latency]'s t_cp_s, t_de_s, t_ec_s (latency.source = "emulated": the previous round's emulated clock)."""
     if q1 is None:
@@ -125,6 +128,11 @@ def choose(cfg, dim: int, q1: float | None = None, times: dict | None = None) ->
     check_deadline(s)
     choice = lo.choose_tau_gamma(s.deadline_s, s.t_cp_s, s.t_de_s, s.t_ec_s, num_edges=cfg.topology.edges,
                                  num_devices=cfg.num_devices, q1=q1, uploads=s.uploads)
+    if s.pick == "random":  # a feasible pair of the same curve, uniformly (seed, round): the optimiser's baseline
+        i = int(numpy_rng(cfg.run.seed, "cloud", 0, round_, "tau_gamma").integers(choice.curve_tau.size))
+        choice = dataclasses.replace(choice, tau=int(choice.curve_tau[i]), gamma=int(choice.curve_gamma[i]),
+                                     phi=float(choice.curve_phi[i]), latency=float(choice.curve_latency[i]),
+                                     method="random_feasible")
     return choice, float(q1), source
 
 
@@ -176,7 +184,7 @@ class RoundSchedule:
                 self.current = {**self.current, "latency_source": "kept (deadline out of range)"}
                 self.choices.append({"round": r, **self.current})
                 return plans.build_plan(with_tau_gamma(self.cfg, self.current["tau"], self.current["gamma"]))
-        choice, q1, source = choose(self.cfg, self.dim, self.measured_q, times)
+        choice, q1, source = choose(self.cfg, self.dim, self.measured_q, times, r)
         used = times or {k: getattr(self.cfg.latency, k) for k in ("t_cp_s", "t_de_s", "t_ec_s")}
         self.current = {"tau": choice.tau, "gamma": choice.gamma, "phi": choice.phi, "q1_used": q1,
                         "q1_source": "measured" if source == "measured" else "theory",
@@ -213,7 +221,8 @@ class RoundSchedule:
         if not self.auto:
             out.update(tau=self.cfg.train.tau, gamma=self.cfg.train.gamma)
             return out
-        out.update(deadline_s=s.deadline_s, optimiser="brute_force (paper 001 Sec. IV objective, integer search)",
+        out.update(deadline_s=s.deadline_s, optimiser="brute_force (paper 001 Sec. IV objective, integer search)"
+                   if s.pick == "optimised" else "random feasible pair per round (the optimiser's baseline)",
                    choices=self.choices)
         if self.choices:
             out.update(first=self.choices[0], last=self.choices[-1],

@@ -169,3 +169,14 @@ def test_emulated_latency_source_chooses_from_the_previous_rounds_clock():
     assert sched.record({})["latency_source"].startswith("kept")
     with pytest.raises(config_mod.ConfigError, match="latency.source"):
         cfg("latency.source=measured")
+
+
+def test_random_pick_draws_a_feasible_pair_per_round_from_the_seed():
+    c = cfg(*QSGD, "latency.auto_tau_gamma=true", "latency.pick=random")  # Table III times, 156 s deadline
+    best, _, _ = schedule.choose(cfg(*QSGD, "latency.auto_tau_gamma=true"), DIM)
+    picks = [schedule.choose(c, DIM, round_=r)[0] for r in range(12)]
+    feasible = set(zip(best.curve_tau.tolist(), best.curve_gamma.tolist()))
+    assert all((p.tau, p.gamma) in feasible and p.method == "random_feasible" for p in picks)
+    assert len({(p.tau, p.gamma) for p in picks}) > 1 and all(p.phi >= best.phi for p in picks)
+    assert [(p.tau, p.gamma) for p in picks] == [(q.tau, q.gamma) for q in (schedule.choose(c, DIM, round_=r)[0]
+                                                                             for r in range(12))]

@@ -20,12 +20,12 @@ from google.protobuf.message import DecodeError
 
 from hfl.common import metrics, plans, topology, validate, wire
 from hfl.common.pipeline import Link, StageRef
-from hfl.common.quantization import codecs, precision, theory
+from hfl.common.quantization import codecs, fusion, precision, theory
 from hfl.common.seeding import numpy_rng
 from hfl.proto import hfl_v1_pb2 as pb
 
 FUSION_WEIGHT = "fusion_weight"  # an edge result's sum of fusion scores (set by the cloud, never by an edge)
-SCORE_FLOOR = 1e-30              # FWO: 1 / max(E||Q(v)-v||^2 + d sigma^2, floor): a perfect upload stays finite
+SCORE_FLOOR = 1e-30              # FWO: scores capped at 1 / floor, so a perfect upload (theta = inf) stays finite
 
 
 def _refuse(message: str, reason: str, code=grpc.StatusCode.INVALID_ARGUMENT) -> wire.WireError:
@@ -126,7 +126,9 @@ class FusionCenter:
             link = StageRef("channel", "awgn", {"std": std}) if std > 0 else None
             y, _ = self.uplink.receive(tensor, self.dim, self.cfg.run.seed, topology.device_index(node), r, meta.step,
                                        link)
-            score, distortion = self._score(node, upload, payload, bits, std)
+            distortion = self._distortion(node, upload, payload, bits, drawn[node]) if self.rule == "fwo" else None
+            score = min(float(fusion.fusion_scores(self.rule, bits=[bits], distortions=[distortion or 0.0],
+                                                   link_stds=[std], dim=self.dim)[0]), 1 / SCORE_FLOOR)
             acc += score * y.astype(np.float64)
             total += score
             rows.append({"round": r, "device": node, "edge": edge, "group": int(drawn[node]["group"]), "bits": bits,
@@ -135,14 +137,8 @@ class FusionCenter:
         delta = (acc / total).astype(np.float32) if total > 0 else np.zeros(self.dim, np.float32)
         return delta, total, rows
 
-    def _score(self, node: str, upload: pb.Envelope, payload, bits: int, std: float) -> tuple[float, float | None]:
-        """The unnormalised fusion weight s_i (omega_i = s_i / sum s_j): 1 (uniform), (2^b - 1)^2 (fedhq),
-        theta = 1 / (E||Q(v)-v||^2 + d sigma^2) (fwo, eq. 14, with the configured estimate, digest 004 P3)."""
-        if self.rule == "uniform":
-            return 1.0, None
-        if self.rule == "fedhq":
-            return float((2 ** bits - 1) ** 2), None
-        eps = float(self.draw(self._round[0])[0][node].get("epsilon1", self.codec_eps) or 0.0)
+    def _distortion(self, node: str, upload: pb.Envelope, payload, bits: int, plan: dict) -> float:
+        """FWO's E||Q(v)-v||^2 for one upload, by the configured estimate (digest 004 P3)."""
         if self.estimate == "device":
             reported = [t.params["expected_distortion"] for t in upload.meta.transforms
                         if t.stage == "encode" and "expected_distortion" in t.params]
@@ -150,11 +146,12 @@ class FusionCenter:
                 raise _refuse(f"{node} reported no valid expected distortion (FWO's eq. 7 estimate)", "bad_transforms")
             distortion = float(reported[0])
         elif self.estimate == "uniform_cell":
+            eps = float(plan.get("epsilon1", self.codec_eps) or 0.0)
             step = (float(payload.side[1]) - float(payload.side[0])) / (payload.levels - 1)
             distortion = self.dim * float(theory.dpsq_uniform_cell_distortion(step, eps))
         else:
             distortion = theory.dpsq_vector_bound(self.dim, self.groups.clip, bits)
-        return 1.0 / max(distortion + self.dim * std ** 2, SCORE_FLOOR), distortion
+        return distortion
 
     def log(self, rows: list[dict]) -> None:
         """fusion.jsonl: every fused upload with its weight omega_i (over the whole round) and its hash."""

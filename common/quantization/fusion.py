@@ -64,15 +64,33 @@ def fwo_weights(*, bits=None, distortions, link_stds, dim) -> np.ndarray:
     return theta / theta.sum()
 
 
+def fedhq_scores(bits) -> np.ndarray:
+    """(2^b - 1)^2, the FedHQ-like baseline's unnormalised weights (digest 004 P5)."""
+    b = _vector("bits", bits)
+    if np.any((b < 1) | (b > 16) | (b != np.round(b))):
+        raise ValueError(f"bits must be integers in 1..16, got {bits!r}")
+    return (2.0 ** b - 1) ** 2
+
+
 @FUSION_RULES.register("fedhq")
 def fedhq_weights(*, bits, distortions=None, link_stds=None, dim=None) -> np.ndarray:
     """FedHQ-like baseline of LaplaceSQ-FL: omega ∝ (2^b - 1)^2 (digest 004 P5; the paper states only that
     higher-resolution devices get larger weights, regardless of link noise)."""
-    b = _vector("bits", bits)
-    if np.any((b < 1) | (b > 16) | (b != np.round(b))):
-        raise ValueError(f"bits must be integers in 1..16, got {bits!r}")
-    w = (2.0 ** b - 1) ** 2
+    w = fedhq_scores(bits)
     return w / w.sum()
+
+
+def fusion_scores(rule: str, *, bits, distortions=None, link_stds=None, dim=None) -> np.ndarray:
+    """Unnormalised weights s_i of `rule` (omega_i = s_i / sum_j s_j): 1 (uniform), (2^b - 1)^2 (fedhq), theta
+    (fwo; inf for a device with no distortion and no link noise). Scores of disjoint sets of devices add up, so
+    a fusion center can reduce each part to (sum s_i y_i, sum s_i) and still fuse over all devices."""
+    if rule == "uniform":
+        return np.ones(_vector("bits", bits).size)
+    if rule == "fedhq":
+        return fedhq_scores(bits)
+    if rule == "fwo":
+        return effective_snr(distortions, link_stds, dim)
+    raise ValueError(f"fusion rule must be one of {', '.join(FUSION_RULES.names())}, got {rule!r}")
 
 
 def fusion_weights(rule: str, *, bits, distortions=None, link_stds=None, dim=None) -> np.ndarray:

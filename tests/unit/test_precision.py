@@ -187,3 +187,12 @@ def test_group_epsilon1_stands_in_for_the_codecs_and_a_missing_one_names_the_key
     assert link.encode_params["epsilon1"] == 1e-6 and link.encode_params["bits"] == 2
     with pytest.raises(config.ConfigError, match=r"pipeline\.params\.dpsq: .*epsilon1 is required"):
         cfg(base=base)
+
+
+@pytest.mark.parametrize("rule", ["uniform", "fwo", "fedhq"])
+def test_fusion_scores_normalise_to_the_rules_weights(rule):
+    kw = dict(bits=[2, 4, 4], distortions=[0.5, 0.01, 0.02], link_stds=[1e-3, 0.1, 0.1], dim=100)
+    s = fusion.fusion_scores(rule, **kw)
+    assert s / s.sum() == pytest.approx(fusion.fusion_weights(rule, **kw))
+    with pytest.raises(ValueError, match="fusion rule"):
+        fusion.fusion_scores("median", **kw)

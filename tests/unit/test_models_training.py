@@ -1,10 +1,11 @@
 import numpy as np
+import pytest
 import torch
 from torch.nn import functional as F
 
 from hfl.common.models import build, get_flat, init_parameters, num_parameters, set_flat
 from hfl.common.seeding import numpy_rng, torch_generator
-from hfl.device_client.training import evaluate, local_sgd, make_shard, minibatch_gradient
+from hfl.device_client.training import evaluate, local_sgd, make_shard, minibatch_gradient, smoothness
 
 
 def test_parameter_counts_match_the_papers():
@@ -78,3 +79,15 @@ def test_seeded_streams_differ_by_purpose_and_repeat_by_key():
     assert numpy_rng(1, "device", 4, 2, "a").random() == numpy_rng(1, "device", 4, 2, "a").random()
     draws = {numpy_rng(1, t, n, r, p).random() for t in ("edge", "device") for n in (0, 1) for r in (0, 1) for p in ("a", "b")}
     assert len(draws) == 16
+
+
+def test_smoothness_is_the_gradient_change_over_the_step_on_one_batch():
+    model = build("mlp", (1, 8, 8), 10)
+    w_a = get_flat(model)
+    w_b = w_a + np.random.default_rng(1).standard_normal(w_a.size).astype(np.float32) * 0.05
+    s = shard(64)
+    g_a, _ = minibatch_gradient(model, w_a, s, 16, torch_generator(0, "device", 0, "beta"))  # the same batch: same generator
+    g_b, _ = minibatch_gradient(model, w_b, s, 16, torch_generator(0, "device", 0, "beta"))
+    expected = np.linalg.norm(g_b.astype(np.float64) - g_a) / np.linalg.norm(w_b.astype(np.float64) - w_a)
+    assert smoothness(model, w_a, w_b, s, 16, torch_generator(0, "device", 0, "beta")) == pytest.approx(expected, rel=1e-5)
+    assert smoothness(model, w_a, w_a, s, 16, torch_generator(0, "device", 0, "beta")) == 0.0

@@ -3,13 +3,17 @@ per-cluster plan (who adds which noise, who takes part), the budget check before
 per-device ledger built from the DP events that the messages carry."""
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
 from typing import Mapping, Sequence
 
 import numpy as np
 
 from hfl.common import plans, topology
-from hfl.common.privacy import calibration
+from hfl.common.privacy import accountant, calibration, on_wire
+from hfl.common.privacy import config as privacy_config
+from hfl.common.privacy.wavelet import padded_length
 from hfl.common.privacy.events import DpRecord
 from hfl.common.privacy.ledger import PrivacyLedger
 from hfl.common.privacy.trust import TRUSTED, effective_trust, resolve_trust, sample_participants
@@ -22,10 +26,17 @@ DP_STAGE = "dp_event"
 
 
 class PrivacyPolicy:
-    def __init__(self, cfg, edges: Sequence[str], device_samples: Sequence[int], run_dir, claims: Mapping[str, str]):
+    def __init__(self, cfg, edges: Sequence[str], device_samples: Sequence[int], run_dir, claims: Mapping[str, str],
+                 layer_sizes: Sequence[int] = ()):
         self.cfg = cfg
-        self.p = p = cfg.privacy
         self.algorithm = plans.ALGORITHMS.get(cfg.run.algorithm)
+        self.p = p = privacy_config.effective(cfg.privacy, self.algorithm)
+        self.wavelet = privacy_config.wavelet_calibration(p) if p.mechanism == "wavelet" else ""
+        # the largest Haar weight max_c W_c (= the padded length of the longest transformed segment)
+        scope = list(layer_sizes) if p.wavelet_scope == "per_layer" else [sum(layer_sizes)]
+        self.max_weight = float(max((padded_length(n) for n in scope), default=1))
+        # the paper's wavelet calibration is claimed, not measured: like paper-mode noise, exempt from the stop
+        self.claim_only = p.calibration == "paper" or self.wavelet == "paper"
         self.edges = list(edges)
         self.members = {e: topology.edge_members(cfg, topology.edge_index(e)) for e in self.edges}
         fraction = None if p.trusted_fraction == -1.0 else p.trusted_fraction
@@ -63,13 +74,46 @@ class PrivacyPolicy:
         common = dict(epsilon=p.epsilon, delta=p.delta, mode=p.calibration, accountant=p.accountant,
                       noise_multiplier=p.noise_multiplier if p.calibration == "noise_multiplier" else None)
         if self.algorithm.privacy == "aggregator":
-            return {"global": calibration.calibrate_dp_fedavg(rounds=self.cfg.run.rounds, client_rate=p.client_rate,
-                                                              clip=p.clip, sizes=sizes, **common)}
+            setting = calibration.calibrate_dp_fedavg(rounds=self.cfg.run.rounds, client_rate=p.client_rate,
+                                                      clip=p.clip, sizes=sizes, **common)
+            return {"global": self._wavelet_claim(setting, 1)}
+        if self.algorithm.privacy == "sample":
+            if p.lot == "fixed":  # one setting per device: the population sampled without replacement is its data
+                return {f"sample/{d}": self._sample_setting(self.device_sizes[d]) for d in self.members[edge]}
+            return {"sample": self._sample_setting(0)}
         q = min(1.0, t.batch_size / max(1.0, float(np.mean(sizes))))
         return calibration.calibrate_h2fdp(trusted=self.levels[edge] == TRUSTED, eta=t.lr, tau=t.tau, clip=p.clip,
                                            rounds=self.cfg.run.rounds, local_per_round=self.local_per_round,
                                            participants=self._participants(edge), q=q, c2=p.c2,
                                            v2=None if p.v2 == -1.0 else p.v2, **common)
+
+    @property
+    def sample_steps_per_round(self) -> int:
+        return sum(int(ph.params["steps"]) for ph in plans.build_plan(self.cfg) if ph.kind == plans.LOCAL_DP_SGD)
+
+    @property
+    def sample_sensitivity(self) -> float:
+        return float(np.sqrt(np.sum(np.square(self.p.layer_clips)))) if self.p.layer_clips else float(self.p.clip)
+
+    @functools.lru_cache(maxsize=None)
+    def _sample_setting(self, population: int) -> calibration.NoiseSetting:
+        p = self.p
+        return calibration.calibrate_dp_sgd(
+            epsilon=p.epsilon, delta=p.delta, steps=self.sample_steps_per_round * self.cfg.run.rounds,
+            lot_rate=p.lot_rate, clip=self.sample_sensitivity, mode=p.calibration, accountant=p.accountant,
+            noise_multiplier=p.noise_multiplier if p.calibration == "noise_multiplier" else None,
+            lot=p.lot, dataset_size=population, wavelet=self.wavelet, max_weight=self.max_weight)
+
+    def _wavelet_claim(self, setting: calibration.NoiseSetting, adjacency: float) -> calibration.NoiseSetting:
+        """DP-FedAvg-WAV in the paper's calibration (clip ||H|| <= S, noise std / W_c): the multiplier really given is
+        z / max_c W_c (digest 002 P1); the accountant's figure for z becomes the claim."""
+        if self.wavelet != "paper":
+            return setting
+        claimed = setting.epsilon_claimed if setting.epsilon_claimed is not None else setting.epsilon
+        z = setting.noise_multiplier / self.max_weight
+        spent = accountant.epsilon_of_releases([("gaussian", z, setting.sampling_rate, setting.releases)],
+                                               setting.delta, setting.accountant)
+        return dataclasses.replace(setting, noise_multiplier=z, epsilon=spent, epsilon_claimed=claimed)
 
     # ---- each round -------------------------------------------------------------------------
     def participants(self, r: int, counts: Mapping[str, int] | None = None) -> dict[str, tuple[str, ...]]:
@@ -91,9 +135,22 @@ class PrivacyPolicy:
         train = (round_cfg or self.cfg).train
         for e in self.edges:
             trusted = self.levels[e] == TRUSTED
-            params = {"trusted": float(trusted), "laplace": float(self.p.mechanism == "laplace")}
+            params = {"trusted": float(trusted), **on_wire.shape_params(self.p.mechanism, self.wavelet)}
+            devices = {}
+            if self.algorithm.privacy == "sample":  # the devices add the noise; nothing for edges to do
+                for key, setting in self.settings[e].items():
+                    if key == "sample":
+                        params.update(noise_z_sample=setting.std / setting.sensitivity,
+                                      noise_sens_sample=setting.sensitivity)
+                    else:  # fixed lots: each device its own multiplier
+                        devices[key.split("/", 1)[1]] = pb.DevicePlan(params={
+                            "noise_z_sample": setting.std / setting.sensitivity,
+                            "noise_sens_sample": setting.sensitivity})
+                listed = participants[e] if len(participants[e]) < len(self.members[e]) else ()
+                plans_[e] = pb.ClusterPlan(params=params, participants=list(listed), devices=devices)
+                continue
             for stream, setting in self.settings[e].items():
-                params[f"noise_z_{stream}"] = setting.noise_multiplier
+                params[f"noise_z_{stream}"] = setting.std / setting.sensitivity  # what scales the noise
                 params[f"noise_sens_{stream}"] = setting.sensitivity if round_cfg is None else \
                     calibration.h2fdp_sensitivity(train.lr, train.tau, self.p.clip,
                                                   max(1, len(participants[e])) if trusted else 1)
@@ -112,6 +169,15 @@ class PrivacyPolicy:
         return [self.device_sizes[d] for d in self.members[edge]]
 
     def planned_records(self, r: int, participants: Mapping[str, Sequence[str]]) -> list[DpRecord]:
+        if self.algorithm.privacy == "sample":
+            steps = self.sample_steps_per_round
+            out = []
+            for e in self.edges:
+                for d in participants[e]:
+                    setting = self.settings[e].get("sample") or self.settings[e][f"sample/{d}"]
+                    out.append(dataclasses.replace(setting.record(d, (d,), r, steps), population=(
+                        self.device_sizes[d] if self.p.lot == "fixed" and self.p.lot_rate < 1 else 0)))
+            return out
         if self.algorithm.privacy == "aggregator":
             return [self.settings[e]["global"].record(e, self.members[e], r) for e in self.edges]
         return calibration.h2fdp_round_records(r, self.levels, participants, self.settings, self.local_per_round)
@@ -122,7 +188,7 @@ class PrivacyPolicy:
         Paper mode is exempt: its noise is the paper's formula, whose claim is the budget by construction
         while the accountant finds far more (digest 000, section 10). It runs so that the paper's curves
         can be reproduced, and every figure it reports says which of the two it is."""
-        if self.p.calibration == "paper":
+        if self.claim_only:
             return None
         planned = self.planned_records(r, participants)
         if self.ledger.would_exceed(planned, self.p.epsilon):
@@ -142,7 +208,7 @@ class PrivacyPolicy:
         summary = self.ledger.summary()
         row = {"epsilon_max": summary["epsilon_max"], "epsilon_mean": summary["epsilon_mean"],
                "dp_events": len(records)}
-        if self.p.calibration == "paper":
+        if self.claimed() is not None:
             row["epsilon_claimed"] = self.claimed()
         return row
 
@@ -159,8 +225,9 @@ class PrivacyPolicy:
                               "std": v.std, "releases": v.releases, "sampling_rate": v.sampling_rate,
                               "epsilon_planned": v.epsilon, "epsilon_claimed": v.epsilon_claimed}
                           for s, v in self.settings[e].items()} for e in self.edges},
+            "level": self.p.level, "mechanism": self.p.mechanism, "wavelet_calibration": self.wavelet or None,
             "epsilon_label": ("epsilon: the accountant (dp-accounting) on the noise really added; epsilon_claimed: "
-                              "the paper's arithmetic, not a measurement") if self.p.calibration == "paper" else
+                              "the paper's arithmetic, not a measurement") if self.claimed() is not None else
                              "epsilon: the accountant (dp-accounting) on the noise really added",
             **{f"epsilon_{k.split('_')[1]}": v for k, v in self.ledger.summary().items()},
             "stopped": self.stopped,

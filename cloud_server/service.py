@@ -327,7 +327,8 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
                 log.warning("starting without edges %s (they may still rejoin)", sorted(missing))
         schedule = RoundSchedule(cfg, self.dim, self.rows)  # the plan of each round; virtual_seconds
         if plans.is_private(cfg):
-            self.policy = PrivacyPolicy(cfg, self.edges, self.device_samples, self.run_dir, self.claims)
+            self.policy = PrivacyPolicy(cfg, self.edges, self.device_samples, self.run_dir, self.claims,
+                                        [p.numel() for p in self.model.parameters()])
             metrics.write_json(self.run_dir / "privacy.json", self.policy.describe())
             log.info("privacy: %s calibration, trust %s", cfg.privacy.calibration, self.policy.levels)
         self.controller = controller_mod.build(cfg, self.policy, self.dim, self.device_samples, self.rows)

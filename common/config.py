@@ -289,10 +289,17 @@ def validate_cross(config: Config) -> None:
         key = "privacy.trust_table" if section.trust_table else f"privacy.trusted_fraction = {section.trusted_fraction}"
         raise ConfigError(f"{key}: {algorithm.name} fixes every edge's trust to {algorithm.trust}; unset it "
                           "(trusted_fraction = -1.0) or use h2fdp, whose trust the policy decides")
-    if algorithm.privacy:
-        section = dataclasses.replace(section, enabled=True, placement=algorithm.privacy,
-                                      trust=algorithm.trust or section.trust)
-    validate_privacy(section, topology.edge_ids(config), config.run.algorithm)
+    if section.level == "sample" and algorithm.privacy != "sample":
+        sample = [n for n in plans.ALGORITHMS if plans.ALGORITHMS.get(n).privacy == "sample"]
+        raise ConfigError(f"privacy.level = sample: {algorithm.name} is not sample-level DP; use one of "
+                          f"{', '.join(sample)}")
+    if algorithm.noise and section.mechanism not in ("gaussian", algorithm.noise):
+        raise ConfigError(f"privacy.mechanism = {section.mechanism}: {algorithm.name} uses {algorithm.noise} noise")
+    from hfl.common.privacy.config import effective
+
+    validate_privacy(effective(section, algorithm), topology.edge_ids(config), config.run.algorithm)
+    if section.layer_clips:
+        _check_layer_clips(config)
     from hfl.common.quantization import schedule
 
     schedule.validate(config)
@@ -308,6 +315,21 @@ def validate_cross(config: Config) -> None:
     if config.channel.model != "ideal":
         raise ConfigError(f"channel.model = {config.channel.model!r}: no round plan runs on the wireless medium yet "
                           "(issue 9, items 2-3); only \"ideal\" is wired")
+
+
+def _check_layer_clips(config: Config) -> None:
+    """privacy.layer_clips needs one bound per parameter tensor of the model (torch is imported only here)."""
+    from hfl.common.models import build
+
+    channels = 3 if config.data.dataset.startswith("cifar") else (
+        config.data.synthetic_shape[0] if config.data.dataset == "synthetic" else 1)
+    side = 32 if channels == 3 else 28
+    shape = tuple(config.data.synthetic_shape) if config.data.dataset == "synthetic" else (channels, side, side)
+    names = [n for n, _ in build(config.model.name, shape, 10).named_parameters()]
+    if len(config.privacy.layer_clips) != len(names):
+        raise ConfigError(f"privacy.layer_clips has {len(config.privacy.layer_clips)} values; model "
+                          f"{config.model.name} has {len(names)} parameter tensors ({', '.join(names)}): give one "
+                          "bound per tensor, in that order")
 
 
 def validate_choices(config: Config) -> None:

@@ -9,10 +9,12 @@ from hfl.proto import hfl_v1_pb2 as pb
 from .registry import Registry
 
 LOCAL_SGD = "local_sgd"
+LOCAL_DP_SGD = "local_dp_sgd"  # sample-level DP-SGD steps (paper 002): per-example clipping, noise once per lot
 EDGE_GRADIENT_STEP = "edge_gradient_step"
 EDGE_MODEL_SYNC = "edge_model_sync"
 CLOUD_SYNC = "cloud_sync"
-PHASE_KINDS = (LOCAL_SGD, EDGE_GRADIENT_STEP, EDGE_MODEL_SYNC, CLOUD_SYNC)
+PHASE_KINDS = (LOCAL_SGD, LOCAL_DP_SGD, EDGE_GRADIENT_STEP, EDGE_MODEL_SYNC, CLOUD_SYNC)
+LOCAL_PHASES = (LOCAL_SGD, LOCAL_DP_SGD)
 DEVICE_UPLOAD_PHASES = (EDGE_GRADIENT_STEP, EDGE_MODEL_SYNC)
 
 
@@ -24,12 +26,14 @@ class Algorithm:
     cloud_weights: str  # ... | "equal"
     reference: str = ""
     privacy: str = ""   # "" (no DP) | "by_trust" (H2FDP: noise at the trusted edge, else every device) | "aggregator"
+    #                     | "sample" (DP-SGD on every device)
     trust: str = ""     # a level forced on every edge by the algorithm (HFL-DP: "untrusted")
     max_edges: int = 0  # star topologies: the algorithm needs exactly one cluster
     relay: bool = False  # edges forward each device's upload unchanged; the cloud fuses them (paper 004, digest P13)
     codecs: tuple[str, ...] = ()  # relay: the uplink codecs the algorithm is defined with (the first is suggested)
     fusion: str = ""     # relay: the cloud's fusion rule when precision.fusion = "auto" (quantization.fusion)
     clusters: str = ""   # relay: cluster sizes per round when precision.cluster_mode = "auto"
+    noise: str = ""      # a privacy.mechanism forced by the algorithm (the -wav variants: "wavelet")
 
 
 ALGORITHMS: Registry = Registry("algorithm")
@@ -92,6 +96,32 @@ def dp_fedavg(cfg) -> list[pb.Phase]:
     return [local_sgd(cfg.train), phase(EDGE_MODEL_SYNC), phase(CLOUD_SYNC)]
 
 
+def dp_sgd_steps(train, lot_rate: float) -> int:
+    """Local DP-SGD steps per local phase: train.gamma steps, or gamma epochs as ceil(gamma / q) lots."""
+    return int(train.gamma) if train.local_unit != "epochs" else int(-(-train.gamma // lot_rate))
+
+
+def local_dp_sgd(cfg) -> pb.Phase:
+    """A local phase of sample-level DP-SGD; the noise multiplier comes with the cluster plan (the cloud
+    calibrates it), everything else is here. Parameters are numbers: `wavelet` / `paper` / `per_layer` / `fixed`
+    are 0 or 1, per-layer clips are clip_0, clip_1, ..."""
+    from hfl.common.privacy.config import effective, wavelet_calibration
+
+    p = effective(cfg.privacy, ALGORITHMS.get(cfg.run.algorithm))
+    params = dict(lr=cfg.train.lr, steps=dp_sgd_steps(cfg.train, p.lot_rate), q=p.lot_rate, clip=p.clip,
+                  fixed=float(p.lot == "fixed"), wavelet=float(p.mechanism == "wavelet"),
+                  paper=float(wavelet_calibration(p) == "paper"), per_layer=float(p.wavelet_scope == "per_layer"))
+    params.update({f"clip_{j}": c for j, c in enumerate(p.layer_clips)})
+    return phase(LOCAL_DP_SGD, **params)
+
+
+def dp_sgd(cfg) -> list[pb.Phase]:
+    """Sample-level DP-SGD (Abadi et al. 2016) or DP-SGD-WAV (paper 002, Alg. 1) on every device, in HierFAVG's
+    schedule: tau edge rounds of (gamma DP-SGD steps -> edge model sync), then cloud sync. The edges and the
+    cloud only average: every model delta a device sends is already private at sample level."""
+    return [local_dp_sgd(cfg), phase(EDGE_MODEL_SYNC)] * cfg.train.tau + [phase(CLOUD_SYNC)]
+
+
 def quantized_fl(cfg) -> list[pb.Phase]:
     """Paper 004, Algorithm 1 on the hierarchy: every drawn device runs L = gamma local SGD steps from the global
     model, clips (pipeline.clip = "clip_l1") and quantizes its model difference with its own b_m; edges relay each
@@ -113,6 +143,14 @@ ALGORITHMS.register("pedpfl-style", Algorithm("pedpfl-style", h2fdp, "devices", 
                                               "by_trust", trust="untrusted", max_edges=1))
 ALGORITHMS.register("dp-fedavg", Algorithm("dp-fedavg", dp_fedavg, "samples", "equal",
                                            "McMahan et al. 2018, user-level DP at a trusted aggregator", "aggregator"))
+ALGORITHMS.register("dp-fedavg-wav", Algorithm("dp-fedavg-wav", dp_fedavg, "samples", "equal",
+                                               "paper 002, Algorithm 2: DP-FedAvg with wavelet-domain noise at a "
+                                               "trusted aggregator", "aggregator", noise="wavelet"))
+ALGORITHMS.register("dp-sgd", Algorithm("dp-sgd", dp_sgd, "samples", "samples",
+                                        "Abadi et al. 2016 on every device (paper 002's vanilla baseline)", "sample"))
+ALGORITHMS.register("dp-sgd-wav", Algorithm("dp-sgd-wav", dp_sgd, "samples", "samples",
+                                            "paper 002, Algorithm 1 (DP-SGD-WAV) on every device", "sample",
+                                            noise="wavelet"))
 
 for _name, _codecs, _fusion, _clusters, _ref in (
         ("sq-fl", ("sq",), "uniform", "random", "paper 004 baseline SQ-FL: Algorithm 1 with the plain b-bit SQ"),

@@ -26,7 +26,7 @@ from hfl.common.upstream import Upstream
 from hfl.proto import hfl_v1_pb2 as pb
 from hfl.proto import hfl_v1_pb2_grpc as pbg
 
-from .training import Shard, local_sgd, make_shard, minibatch_gradient, smoothness
+from .training import Shard, local_dp_sgd, local_sgd, make_shard, minibatch_gradient, smoothness
 
 log = logging.getLogger("hfl.devices")
 
@@ -175,6 +175,7 @@ class Device:
         extra: dict = {}  # scalars for the next upload (e.g. this round's smoothness estimate)
         beta_pending = self.report_beta  # once per round, on the round's first local window
         encode = encode_overrides(cluster.devices[self.id].params) if self.id in cluster.devices else None
+        sample_dp: list = []  # DP-SGD events of the local phases since the last upload, sent with it
         for step, phase in enumerate(task.phases):
             p = phase.params
             if phase.kind == plans.LOCAL_SGD:
@@ -191,6 +192,13 @@ class Device:
                         self.cfg.run.seed, "device", self.index, task.round, step, "beta"))
                     if np.isfinite(beta):
                         extra["beta_estimate"] = beta
+            elif phase.kind == plans.LOCAL_DP_SGD:
+                dev_plan = dict(cluster.devices[self.id].params) if self.id in cluster.devices else {}
+                w, loss, rec = await self.trainer.run(local_dp_sgd, w, self.shard, p, {**cplan, **dev_plan},
+                                                      self._gen(task.round, step), self.id, task.round)
+                if np.isfinite(loss):
+                    losses.append(loss)
+                sample_dp.append(rec)
             elif phase.kind == plans.EDGE_GRADIENT_STEP:
                 grad, loss = await self.trainer.run(minibatch_gradient, w, self.shard, batch, self._gen(task.round, step))
                 losses.append(loss)
@@ -210,6 +218,7 @@ class Device:
                     await self._withdraw((task.round, task.attempt))
                     return
                 delta, dp = self._private_delta(w - anchor, cplan, task, step)
+                dp, sample_dp = dp + sample_dp, []
                 reply = await self._exchange(self._upload(task, step, "delta", delta, scalars, dp, encode))
                 if plans.downlink_after(task.phases, step):
                     w, _ = self.downlink.receive(wire.single_tensor(reply, "model"), dim, self.cfg.run.seed, self.index,
@@ -225,7 +234,7 @@ class Device:
         if not cplan:
             return delta, []
         if "fixed_denominator" in cplan:
-            delta, _ = on_wire.enforce_clip(delta, cplan.get("delta_clip", 0.0))
+            delta, _ = on_wire.enforce_clip(delta, cplan)
         if cplan.get("trusted", 0.0) == 1.0:
             return delta, []
         stream = on_wire.stream_of(task.phases, step)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 import numpy as np
 import torch
@@ -9,6 +10,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from hfl.common.models import get_flat, set_flat
+from hfl.common.privacy.events import DpRecord
+from hfl.common.privacy.per_example import dp_sgd
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,31 @@ def local_sgd(model: nn.Module, w: np.ndarray, shard: Shard, lr: float, batch_si
             for p in params:
                 p.add_(p.grad, alpha=-lr)
     return get_flat(model), (total / count if count else float("nan")), count
+
+
+def local_dp_sgd(model: nn.Module, w: np.ndarray, shard: Shard, phase: Mapping[str, float], plan: Mapping[str, float],
+                 gen: torch.Generator, node: str, round_: int) -> tuple[np.ndarray, float, DpRecord]:
+    """A local_dp_sgd phase (plans.local_dp_sgd) with the noise multiplier of the device's round plan: DP-SGD or
+    DP-SGD-WAV (privacy.per_example.dp_sgd), and the DP event it releases: `steps` subsampled Gaussians at the
+    multiplier the noise really gives (for the paper's wavelet clip, sigma / max_c W_c)."""
+    clips = [phase[f"clip_{j}"] for j in range(len(phase)) if f"clip_{j}" in phase]
+    z = float(plan.get("noise_z_sample", 0.0))
+    if not z > 0:
+        raise ValueError("a local_dp_sgd phase needs noise_z_sample > 0 in the round plan")
+    w, loss, info = dp_sgd(model, w, shard, lr=float(phase["lr"]), steps=int(phase["steps"]), q=float(phase["q"]),
+                           clip=float(phase["clip"]), noise_multiplier=z,
+                           mechanism="wavelet" if phase.get("wavelet") else "gaussian", generator=gen,
+                           lot="fixed" if phase.get("fixed") else "poisson",
+                           calibration="paper" if phase.get("paper") else "sound", layer_bounds=clips or None,
+                           wavelet_scope="per_layer" if phase.get("per_layer") else "flat")
+    fixed = info["lot"] == "fixed" and info["sampling_rate"] < 1.0
+    record = DpRecord(tier="device-sample", node=node, covers=(node,), mechanism="gaussian",
+                      noise_multiplier=info.get("effective_noise_multiplier", info["accounting_noise_multiplier"]),
+                      sensitivity=info["sensitivity"],
+                      sampling_rate=info["lot_size"] / info["dataset_size"] if fixed else info["sampling_rate"],
+                      count=max(1, info["steps"]), round=round_, stream="sample",
+                      population=info["dataset_size"] if fixed else 0)
+    return w, loss, record
 
 
 def minibatch_gradient(model: nn.Module, w: np.ndarray, shard: Shard, batch_size: int, gen: torch.Generator

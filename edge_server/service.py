@@ -501,7 +501,7 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
                 self.q_uplink.append(c.q)
         if trusted:
             for i, vec in enumerate(vecs):
-                vecs[i], over = on_wire.enforce_clip(vec, self.cplan.get("delta_clip", 0.0))
+                vecs[i], over = on_wire.enforce_clip(vec, self.cplan)
                 self.clipped += over
         if "fixed_denominator" in self.cplan:  # sum_k p_k Delta_k, p_k = d_k / (q_c d) (paper 002, Eq. 4)
             acc = np.zeros(self.dim, np.float64)

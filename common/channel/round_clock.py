@@ -91,7 +91,8 @@ def device_cpu_hz(cfg) -> np.ndarray:
 
 def planned_samples(phases, prev_step: int, step: int, n: int, batch: int) -> int:
     """Samples one device trained on in phases prev_step + 1 .. step (its work since its previous upload),
-    as the trainer draws them: local_sgd takes `steps` mini-batches of min(B, n) or `epochs` passes over n;
+    as the trainer draws them: local_sgd takes `steps` mini-batches of min(B, n) or `epochs` passes over n,
+    local_dp_sgd `steps` lots of q n on average;
     an edge gradient step one mini-batch."""
     b = min(batch, n)
     total = 0
@@ -99,6 +100,8 @@ def planned_samples(phases, prev_step: int, step: int, n: int, batch: int) -> in
         if phase.kind == plans.LOCAL_SGD:
             p = phase.params
             total += int(p["epochs"]) * n if "epochs" in p else int(p.get("steps", 0)) * b
+        elif phase.kind == plans.LOCAL_DP_SGD:  # expected lot size q n per step
+            total += int(round(int(phase.params["steps"]) * float(phase.params["q"]) * n))
         elif phase.kind == plans.EDGE_GRADIENT_STEP:
             total += b
     return total

@@ -19,10 +19,16 @@ from .events import DpRecord, accounting_event
 ACCOUNTANTS = ("rdp", "pld")
 
 
-def make_accountant(kind: str = "rdp") -> dp_accounting.PrivacyAccountant:
+def make_accountant(kind: str = "rdp", replace_one: bool = False) -> dp_accounting.PrivacyAccountant:
+    """replace_one: the neighbouring relation of sampling without replacement (fixed-size lots); dp_accounting's
+    RDP accountant composes those events only under it, and its PLD accountant not at all."""
     if kind == "rdp":
-        return rdp.RdpAccountant()
+        return rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE) if replace_one \
+            else rdp.RdpAccountant()
     if kind == "pld":
+        if replace_one:
+            raise ValueError("fixed-size lots (sampling without replacement) need the rdp accountant; "
+                             "dp_accounting's PLD accountant does not support them")
         return pld.PLDAccountant()
     raise ValueError(f"accountant must be one of {', '.join(ACCOUNTANTS)}, got {kind!r}")
 
@@ -32,10 +38,11 @@ def _check_delta(delta: float) -> None:
         raise ValueError(f"delta must lie in (0, 1), got {delta!r}")
 
 
-def epsilon_of_dp_events(events: Iterable[dp_accounting.DpEvent], delta: float, accountant: str = "rdp") -> float:
+def epsilon_of_dp_events(events: Iterable[dp_accounting.DpEvent], delta: float, accountant: str = "rdp",
+                         replace_one: bool = False) -> float:
     """Epsilon at `delta` of dp_accounting events composed in order (0.0 for none)."""
     _check_delta(delta)
-    acc = make_accountant(accountant)
+    acc = make_accountant(accountant, replace_one)
     empty = True
     for event in events:
         acc.compose(event)
@@ -43,12 +50,21 @@ def epsilon_of_dp_events(events: Iterable[dp_accounting.DpEvent], delta: float, 
     return 0.0 if empty else float(acc.get_epsilon(delta))
 
 
+Key = tuple[str, float, float, int]  # DpRecord.accounting_key: mechanism, multiplier, rate, population
+
+
 @functools.lru_cache(maxsize=4096)
-def _grouped_epsilon(groups: tuple[tuple[tuple[str, float, float], int], ...], delta: float, accountant: str) -> float:
-    return epsilon_of_dp_events((accounting_event(*key, count) for key, count in groups), delta, accountant)
+def _grouped_epsilon(groups: tuple[tuple[Key, int], ...], delta: float, accountant: str) -> float:
+    replace_one = {key[3] > 0 and key[2] < 1.0 for key, _ in groups}
+    if len(replace_one) > 1:
+        raise ValueError("cannot compose fixed-lot (sampled without replacement, replace-one) events with "
+                         "Poisson-sampled or unsampled (add/remove-one) events for one device")
+    return epsilon_of_dp_events((accounting_event(m, z, rate, count, population)
+                                 for (m, z, rate, population), count in groups), delta, accountant,
+                                replace_one=replace_one == {True})
 
 
-def merge_gaussians(groups: Mapping[tuple[str, float, float], int]) -> dict[tuple[str, float, float], int]:
+def merge_gaussians(groups: Mapping[Key, int]) -> dict[Key, int]:
     """Fold every unsampled Gaussian group into one Gaussian of multiplier (sum_i n_i / z_i^2)^(-1/2).
 
     n releases of a Gaussian with multiplier z on one dataset are exactly one Gaussian with multiplier
@@ -58,11 +74,11 @@ def merge_gaussians(groups: Mapping[tuple[str, float, float], int]) -> dict[tupl
     out = {k: n for k, n in groups.items() if not (k[0] == "gaussian" and k[2] == 1.0)}
     mu2 = sum(n / k[1] ** 2 for k, n in groups.items() if k[0] == "gaussian" and k[2] == 1.0)
     if mu2 > 0:
-        out[("gaussian", float(mu2 ** -0.5), 1.0)] = 1
+        out[("gaussian", float(mu2 ** -0.5), 1.0, 0)] = 1
     return out
 
 
-def _groups(records: Iterable[DpRecord]) -> tuple[tuple[tuple[str, float, float], int], ...]:
+def _groups(records: Iterable[DpRecord]) -> tuple[tuple[Key, int], ...]:
     counts: Counter = Counter()
     for record in records:
         counts[record.accounting_key()] += record.count
@@ -113,5 +129,5 @@ def epsilon_of_releases(releases: Iterable[tuple[str, float, float, int]], delta
     counts: Counter = Counter()
     for mechanism, z, rate, count in releases:
         if count > 0:
-            counts[(mechanism, float(z), float(rate))] += int(count)
+            counts[(mechanism, float(z), float(rate), 0)] += int(count)
     return _grouped_epsilon(tuple(sorted(merge_gaussians(counts).items())), float(delta), accountant)

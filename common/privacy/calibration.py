@@ -14,7 +14,7 @@ from typing import Sequence
 import dp_accounting
 import numpy as np
 
-from .accountant import epsilon_of_releases, make_accountant
+from .accountant import epsilon_of_dp_events, epsilon_of_releases, make_accountant
 from .events import MECHANISMS, DpRecord, accounting_event
 
 MODES = ("paper", "sound", "noise_multiplier")
@@ -293,3 +293,66 @@ def h2fdp_round_records(round_: int, levels: dict[str, str], participants: dict[
             else:
                 records.extend(setting.record(d, (d,), round_, per_round[stream]) for d in members)
     return records
+
+
+# ----------------------------------------------------------------------------------------------------
+# Sample-level DP-SGD and DP-SGD-WAV (Abadi et al. 2016; paper 002 Alg. 1)
+
+def _sampled_epsilon(z: float, steps: int, rate: float, population: int, delta: float, accountant: str) -> float:
+    return epsilon_of_dp_events([accounting_event("gaussian", z, rate, steps, population)], delta, accountant,
+                                replace_one=population > 0 and rate < 1.0)
+
+
+def calibrate_dp_sgd(*, epsilon: float, delta: float, steps: int, lot_rate: float, clip: float, mode: str = "sound",
+                     noise_multiplier: float | None = None, accountant: str = "rdp", lot: str = "poisson",
+                     dataset_size: int = 0, wavelet: str = "", max_weight: float = 1.0) -> NoiseSetting:
+    """Noise of `steps` DP-SGD steps on one device's data (all rounds together): each step is a subsampled
+    Gaussian on the sum of per-example vectors clipped to `clip` (C, or sqrt(sum_j C_j^2) per layer).
+
+    z is what scales the noise (std z C, or z C / W_c on wavelet coefficient c): `noise_multiplier` when
+    mode = noise_multiplier, else the accountant's smallest z for (epsilon, delta) (paper 002 takes the vanilla
+    accountant's sigma, so `paper` picks z the same way). The returned `noise_multiplier` is the one the noise
+    REALLY gives against the clip, which the ledger composes:
+    - Poisson lots (rate q, add/remove-one): z; fixed lots of round(q n) without replacement (replace-one, where
+      the clipped sum moves by up to 2C): z / 2, with `dataset_size` n as the population;
+    - wavelet = "paper" (||H|| <= C, noise z C / W_c; digest 002 P1): z / max_c W_c, and `epsilon_claimed` is the
+      accountant's figure for z, the paper's claim; wavelet = "sound" (||W (.) H|| <= C): z itself.
+    """
+    _check_common(epsilon, delta, mode)
+    _positive("clip", clip)
+    if int(steps) != steps or steps < 1:
+        raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+    if not 0.0 < lot_rate <= 1.0:
+        raise ValueError(f"lot_rate must lie in (0, 1], got {lot_rate!r}")
+    if lot not in ("poisson", "fixed"):
+        raise ValueError(f"lot must be poisson or fixed, got {lot!r}")
+    if wavelet not in ("", "sound", "paper"):
+        raise ValueError(f"wavelet must be '', sound or paper, got {wavelet!r}")
+    fixed = lot == "fixed" and lot_rate < 1.0
+    population = int(dataset_size) if fixed else 0
+    if fixed and population < 1:
+        raise ValueError("fixed lots need dataset_size >= 1 (the population sampled without replacement)")
+    rate = (max(1, round(lot_rate * population)) / population) if fixed else float(lot_rate)
+    adjacency = 2.0 if fixed else 1.0
+    if mode == "noise_multiplier":
+        if noise_multiplier is None:
+            raise ValueError("calibration = noise_multiplier needs noise_multiplier > 0")
+        z = _positive("noise_multiplier", noise_multiplier)
+    elif fixed:
+        z = adjacency * dp_accounting.calibrate_dp_mechanism(
+            lambda: make_accountant(accountant, replace_one=True),
+            lambda z_: accounting_event("gaussian", z_, rate, int(steps), population), epsilon, delta, tol=1e-5,
+            bracket_interval=dp_accounting.LowerEndpointAndGuess(0.05, 1.0))  # z = 0 divides by zero there
+        while _sampled_epsilon(z / adjacency, steps, rate, population, delta, accountant) > epsilon:
+            z += 1e-5 * adjacency
+    else:
+        z = calibrate_multiplier(epsilon, delta, int(steps), rate, accountant=accountant)
+    claimed = None
+    true_z = z / adjacency
+    if wavelet == "paper":
+        claimed = _sampled_epsilon(true_z, steps, rate, population, delta, accountant)
+        true_z = true_z / float(max_weight)
+    spent = _sampled_epsilon(true_z, steps, rate, population, delta, accountant)
+    return NoiseSetting(mode=mode, tier="device-sample", stream="sample", mechanism="gaussian",
+                        noise_multiplier=true_z, sensitivity=float(clip), std=z * float(clip), releases=int(steps),
+                        sampling_rate=rate, epsilon=spent, epsilon_claimed=claimed, delta=delta, accountant=accountant)

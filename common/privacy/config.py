@@ -13,6 +13,7 @@ The integrator adds `privacy: PrivacySection` to hfl.common.config.Config; nothi
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -25,9 +26,10 @@ from .trust import LEVELS, TRUSTED, resolve_trust, trusted_count
 class PrivacySection:
     enabled: bool = doc(False, "add DP noise and keep the privacy ledger")
     level: str = choice("user", ("user", "sample"), "unit of privacy: a device's whole data (user) or one record (sample, DP-SGD)")
-    placement: str = choice("by_trust", ("by_trust", "aggregator"),
+    placement: str = choice("by_trust", ("by_trust", "aggregator", "sample"),
                             "by_trust: H2FDP, the trusted edge adds noise, else every device; aggregator: DP-FedAvg, "
-                            "only trusted edges add noise (every edge must be trusted)")
+                            "only trusted edges add noise (every edge must be trusted); sample: DP-SGD on every device "
+                            "(set by the algorithm)")
     trust: str = choice("untrusted", LEVELS, "trust of every edge not named in trust_table (the cloud is never trusted)")
     trust_table: dict = field(default_factory=dict, metadata={"doc": "per-edge trust: [privacy.trust_table] edge-000 = \"trusted\""})
     trusted_fraction: float = doc(-1.0, "exactly round(p * edges) trusted edges drawn from the run seed; -1 = unset")
@@ -41,8 +43,38 @@ class PrivacySection:
     c2: float = doc(1.0, "paper calibration constant c2 (not given by paper 000)")
     v2: float = doc(-1.0, "paper constant for device noise (paper 000 Thm 4.3); -1 = equal to c2")
     accountant: str = choice("rdp", ("rdp", "pld"), "dp_accounting accountant")
-    mechanism: str = choice("gaussian", ("gaussian", "laplace"), "noise distribution")
+    mechanism: str = choice("gaussian", ("gaussian", "laplace", "wavelet"),
+                            "noise distribution; wavelet: Gaussian noise on the Haar coefficients, std / W_c (paper 002)")
+    wavelet_mode: str = choice("auto", ("auto", "sound", "paper"),
+                               "wavelet clip: sound clips ||W (.) H|| <= C (a true Gaussian mechanism); paper clips "
+                               "||H|| <= C (paper 002, epsilon only claimed, digest P1); auto: paper when calibration "
+                               "= paper, else sound")
+    wavelet_scope: str = choice("flat", ("flat", "per_layer"), "Haar transform of the whole flattened model or of each "
+                                "parameter tensor")
+    lot_rate: float = doc(0.05, "sample level: lot sampling rate q (each record joins a lot with probability q)")
+    lot: str = choice("poisson", ("poisson", "fixed"), "sample level: Poisson lots (the accountant's assumption) or "
+                      "fixed-size lots of round(q n), accounted as sampling without replacement")
+    layer_clips: tuple[float, ...] = doc((), "sample level: per-layer clip C_j, one per parameter tensor (sensitivity "
+                                         "sqrt(sum C_j^2)); empty = flat clip at privacy.clip")
     client_rate: float = doc(1.0, "DP-FedAvg client sampling rate q_c, in (0, 1]")
+
+
+def effective(section: PrivacySection, algorithm) -> PrivacySection:
+    """The section as a run with `algorithm` (plans.Algorithm) applies it: a private algorithm enables privacy and
+    fixes the placement, the level, and where it says so the trust and the noise mechanism."""
+    if not algorithm.privacy:
+        return section
+    return dataclasses.replace(section, enabled=True, placement=algorithm.privacy,
+                               trust=algorithm.trust or section.trust,
+                               level="sample" if algorithm.privacy == "sample" else section.level,
+                               mechanism=algorithm.noise or section.mechanism)
+
+
+def wavelet_calibration(section: PrivacySection) -> str:
+    """The wavelet clip in force: privacy.wavelet_mode, where "auto" follows privacy.calibration."""
+    if section.wavelet_mode != "auto":
+        return section.wavelet_mode
+    return "paper" if section.calibration == "paper" else "sound"
 
 
 def _fail(key: str, message: str) -> None:
@@ -62,6 +94,21 @@ def validate_privacy(section: PrivacySection, edge_ids: Sequence[str], algorithm
         _fail("clip", "must be > 0 when privacy is enabled (a zero bound erases every update)")
     if section.calibration == "noise_multiplier" and not section.noise_multiplier > 0:
         _fail("noise_multiplier", f"must be > 0, got {section.noise_multiplier!r}")
+    if not 0.0 < section.lot_rate <= 1.0:
+        _fail("lot_rate", f"must lie in (0, 1], got {section.lot_rate!r}")
+    if any(not c > 0 for c in section.layer_clips):
+        _fail("layer_clips", f"must all be > 0, got {list(section.layer_clips)!r}")
+    if section.placement == "sample" and section.mechanism == "laplace":
+        _fail("mechanism", "laplace has no sample-level DP-SGD here (its L1 sensitivity of a sum of L2-clipped "
+                           "gradients is unbounded); use gaussian or wavelet")
+    if section.layer_clips and section.placement != "sample":
+        _fail("layer_clips", "applies to sample-level DP-SGD only (placement = sample)")
+    if section.layer_clips and section.mechanism == "wavelet" and section.wavelet_scope != "per_layer":
+        _fail("wavelet_scope", "must be per_layer when privacy.layer_clips are given with the wavelet mechanism "
+                               "(each layer's coefficients are clipped to its own C_j)")
+    if section.enabled and section.mechanism == "wavelet" and section.placement == "by_trust":
+        _fail("mechanism", "wavelet noise is built for dp-sgd-wav (sample level) and dp-fedavg-wav (trusted "
+                           "aggregator), not for H2FDP's by-trust placement")
     if not section.c2 > 0:
         _fail("c2", f"must be > 0, got {section.c2!r}")
     if not (section.v2 > 0 or section.v2 == -1.0):
@@ -82,6 +129,8 @@ def validate_privacy(section: PrivacySection, edge_ids: Sequence[str], algorithm
     if fraction_set and section.trust_table:
         _fail("trusted_fraction", "cannot be combined with privacy.trust_table: give one of them")
     dp_fedavg = section.placement == "aggregator" or algorithm == "dp-fedavg"
+    if section.enabled and section.placement == "sample" and section.level != "sample":
+        _fail("level", f"must be sample for sample-level DP-SGD ({algorithm}), got {section.level!r}")
     if section.enabled and dp_fedavg and section.level == "user":
         # P12 (digest 002): user-level DP-FedAvg adds no device noise, so whoever aggregates raw clipped
         # updates must be trusted; the cloud never is, so every edge must be.

@@ -3,6 +3,9 @@
 A DpRecord says who added noise (tier, node), whose data it protects (`covers`: device ids), and the
 mechanism with its noise multiplier z = std / sensitivity (Gaussian: L2 sensitivity; Laplace: scale /
 L1 sensitivity), the sampling rate that amplifies it (1.0 = none) and how many times it was applied.
+Sampling is Poisson at that rate (add/remove-one neighbours), or, when `population` n > 0, a uniform
+subset of round(rate n) of n without replacement (replace-one neighbours: the multiplier recorded is the
+one against that adjacency, e.g. sigma / 2 for a sum of clipped vectors).
 It converts to a `dp_accounting` DpEvent, and to/from a flat {str: float} map so it can travel in a
 protobuf Transform's `params` (map<string, double>) and be rebuilt at the cloud.
 """
@@ -22,7 +25,7 @@ _PREFIX = "dp."
 _NODE = _PREFIX + "node/"
 _COVER = _PREFIX + "covers/"
 _CODED = {"tier": TIERS, "mechanism": MECHANISMS, "stream": STREAMS}
-_NUMERIC = ("noise_multiplier", "sensitivity", "sampling_rate", "count", "round")
+_NUMERIC = ("noise_multiplier", "sensitivity", "sampling_rate", "count", "round", "population")
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,7 @@ class DpRecord:
     count: int = 1
     round: int = 0
     stream: str = "global"
+    population: int = 0  # > 0: sampled without replacement from this many records (fixed-size lots)
 
     def __post_init__(self) -> None:
         for name, allowed in _CODED.items():
@@ -57,6 +61,12 @@ class DpRecord:
             raise ValueError(f"count must be an integer >= 1, got {self.count!r}")
         if int(self.round) != self.round or self.round < 0:
             raise ValueError(f"round must be an integer >= 0, got {self.round!r}")
+        if int(self.population) != self.population or self.population < 0:
+            raise ValueError(f"population must be an integer >= 0, got {self.population!r}")
+        if self.population and not 1 <= round(self.sampling_rate * self.population) <= self.population:
+            raise ValueError(f"sampling_rate x population must give a sample of 1..population, got "
+                             f"{self.sampling_rate!r} x {self.population!r}")
+        object.__setattr__(self, "population", int(self.population))
         object.__setattr__(self, "count", int(self.count))
         object.__setattr__(self, "round", int(self.round))
         object.__setattr__(self, "noise_multiplier", float(self.noise_multiplier))
@@ -68,12 +78,12 @@ class DpRecord:
         """Noise std (Gaussian) or scale (Laplace) per coordinate."""
         return self.noise_multiplier * self.sensitivity
 
-    def accounting_key(self) -> tuple[str, float, float]:
+    def accounting_key(self) -> tuple[str, float, float, int]:
         """What the accountant needs, apart from the count: equal keys compose as one SelfComposed event."""
-        return self.mechanism, self.noise_multiplier, self.sampling_rate
+        return self.mechanism, self.noise_multiplier, self.sampling_rate, self.population
 
     def to_dp_event(self):
-        return accounting_event(self.mechanism, self.noise_multiplier, self.sampling_rate, self.count)
+        return accounting_event(self.mechanism, self.noise_multiplier, self.sampling_rate, self.count, self.population)
 
     def to_params(self) -> tuple[dict[str, float], list[str]]:
         """Flat params (enums as their index, the node folded into a key) and the covered device ids."""
@@ -122,8 +132,10 @@ def is_dp_params(params: Mapping[str, float]) -> bool:
     return (_PREFIX + "noise_multiplier") in params
 
 
-def accounting_event(mechanism: str, noise_multiplier: float, sampling_rate: float = 1.0, count: int = 1):
-    """dp_accounting event: Gaussian or Laplace, Poisson-subsampled when rate < 1, self-composed when count > 1."""
+def accounting_event(mechanism: str, noise_multiplier: float, sampling_rate: float = 1.0, count: int = 1,
+                     population: int = 0):
+    """dp_accounting event: Gaussian or Laplace, Poisson-subsampled when rate < 1 (or sampled without
+    replacement, round(rate n) of n = `population`, when population > 0), self-composed when count > 1."""
     import dp_accounting  # only the cloud accounts; devices and edges only build records
 
     if mechanism == "gaussian":
@@ -132,7 +144,10 @@ def accounting_event(mechanism: str, noise_multiplier: float, sampling_rate: flo
         event = dp_accounting.LaplaceDpEvent(noise_multiplier)
     else:
         raise ValueError(f"mechanism must be one of {', '.join(MECHANISMS)}, got {mechanism!r}")
-    if sampling_rate < 1.0:
+    if population > 0 and sampling_rate < 1.0:
+        event = dp_accounting.SampledWithoutReplacementDpEvent(int(population), int(round(sampling_rate * population)),
+                                                               event)
+    elif sampling_rate < 1.0:
         event = dp_accounting.PoissonSampledDpEvent(sampling_rate, event)
     if count > 1:
         event = dp_accounting.SelfComposedDpEvent(event, int(count))

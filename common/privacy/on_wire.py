@@ -14,6 +14,7 @@ from ..wire import WireError
 from .clipping import clip_l2
 from .events import DpRecord
 from .noise import add_gaussian, add_laplace
+from .wavelet import WaveletLayout, effective_multiplier, wavelet_clip, wavelet_gaussian
 
 DP_STAGE = "dp_event"
 
@@ -23,22 +24,57 @@ def stream_of(phases: Sequence[pb.Phase], step: int) -> str:
     return "global" if step + 1 < len(phases) and phases[step + 1].kind == "cloud_sync" else "local"
 
 
+# Noise shapes a round plan can name (param `noise_shape`, an index here): the noise added and the multiplier it
+# really gives against the clip the same plan enforces (enforce_clip), which is what the DP event records.
+NOISE_SHAPES = ("gaussian", "laplace", "wavelet")
+_EVENT_MECHANISM = {"gaussian": "gaussian", "laplace": "laplace", "wavelet": "gaussian"}
+
+
+def shape_params(mechanism: str, wavelet: str = "") -> dict[str, float]:
+    """Plan params for privacy.mechanism; `wavelet` "paper" selects paper 002's clip ||H|| <= C (digest P1)."""
+    if mechanism not in NOISE_SHAPES:
+        raise ValueError(f"mechanism must be one of {', '.join(NOISE_SHAPES)}, got {mechanism!r}")
+    return {"noise_shape": float(NOISE_SHAPES.index(mechanism)), "wavelet_paper": float(wavelet == "paper")}
+
+
+def shape_of(plan: Mapping[str, float]) -> str:
+    index = plan.get("noise_shape", 0.0)
+    if index not in range(len(NOISE_SHAPES)):
+        raise ValueError(f"noise_shape must be an index into {NOISE_SHAPES}, got {index!r}")
+    return NOISE_SHAPES[int(index)]
+
+
+def _wavelet_calibration(plan: Mapping[str, float]) -> str:
+    return "paper" if plan.get("wavelet_paper", 0.0) else "sound"
+
+
+def _add_wavelet(vec: np.ndarray, std: float, rng: np.random.Generator) -> np.ndarray:
+    return wavelet_gaussian(vec, std, WaveletLayout([len(vec)]), rng)
+
+
+_ADD = {"gaussian": add_gaussian, "laplace": add_laplace, "wavelet": _add_wavelet}
+
+
 def apply_noise(vec: np.ndarray, plan: Mapping[str, float], stream: str, rng: np.random.Generator,
                 ) -> tuple[np.ndarray, float, float]:
-    """Add the noise the cluster plan names for `stream`; returns (vector, noise multiplier, sensitivity),
-    multiplier 0 when the plan adds none."""
+    """Add the noise the cluster plan names for `stream`; returns (vector, the noise multiplier it really gives,
+    sensitivity), multiplier 0 when the plan adds none. Wavelet noise (paper 002 Alg. 2, the flat scope) has std
+    z S / W_c on coefficient c; against the paper's clip that is z / max_c W_c (effective_multiplier)."""
     z, sens = float(plan.get(f"noise_z_{stream}", 0.0)), float(plan.get(f"noise_sens_{stream}", 0.0))
     if z <= 0 or sens <= 0:
         return vec, 0.0, 0.0
-    add = add_laplace if plan.get("laplace", 0.0) else add_gaussian
-    return add(vec, z * sens, rng).astype(np.float32), z, sens
+    shape = shape_of(plan)
+    out = _ADD[shape](vec, z * sens, rng).astype(np.float32)
+    if shape == "wavelet":
+        z = effective_multiplier(z, WaveletLayout([len(vec)]), _wavelet_calibration(plan))
+    return out, z, sens
 
 
 def record(tier: str, node: str, covers: Iterable[str], plan: Mapping[str, float], z: float, sens: float,
            round_: int, stream: str, sampling_rate: float = 1.0) -> DpRecord:
-    mechanism = "laplace" if plan.get("laplace", 0.0) else "gaussian"
-    return DpRecord(tier=tier, node=node, covers=tuple(covers), mechanism=mechanism, noise_multiplier=z,
-                    sensitivity=sens, sampling_rate=sampling_rate, count=1, round=round_, stream=stream)
+    return DpRecord(tier=tier, node=node, covers=tuple(covers), mechanism=_EVENT_MECHANISM[shape_of(plan)],
+                    noise_multiplier=z, sensitivity=sens, sampling_rate=sampling_rate, count=1, round=round_,
+                    stream=stream)
 
 
 def to_transform(rec: DpRecord) -> pb.Transform:
@@ -68,7 +104,7 @@ def merge(records: Iterable[DpRecord]) -> list[DpRecord]:
     per_device: dict[tuple, collections.Counter] = collections.defaultdict(collections.Counter)
     nodes: dict[tuple, str] = {}
     for r in records:
-        key = (r.tier, r.mechanism, r.stream, r.noise_multiplier, r.sensitivity, r.sampling_rate, r.round)
+        key = (r.tier, r.mechanism, r.stream, r.noise_multiplier, r.sensitivity, r.sampling_rate, r.round, r.population)
         nodes.setdefault(key, r.node if r.tier == "edge" else "devices")
         for d in r.covers:
             per_device[key][d] += r.count
@@ -77,14 +113,21 @@ def merge(records: Iterable[DpRecord]) -> list[DpRecord]:
         by_count: dict[int, list[str]] = collections.defaultdict(list)
         for device, n in counts.items():
             by_count[n].append(device)
-        tier, mechanism, stream, z, sens, rate, round_ = key
+        tier, mechanism, stream, z, sens, rate, round_, population = key
         for n, devices in sorted(by_count.items()):
             out.append(DpRecord(tier=tier, node=nodes[key], covers=tuple(sorted(devices)), mechanism=mechanism,
                                 noise_multiplier=z, sensitivity=sens, sampling_rate=rate, count=n, round=round_,
-                                stream=stream))
+                                stream=stream, population=population))
     return out
 
 
-def enforce_clip(vec: np.ndarray, bound: float) -> tuple[np.ndarray, bool]:
-    """A trusted edge's check of what it receives: an upload over the bound is clipped (and counted)."""
-    return clip_l2(vec, bound) if bound > 0 else (vec, False)
+def enforce_clip(vec: np.ndarray, plan: Mapping[str, float]) -> tuple[np.ndarray, bool]:
+    """An update clipped to the plan's `delta_clip` in the norm its noise shape is calibrated for: L2, or for
+    wavelet noise ||W (.) HWT(v)|| (sound) or ||HWT(v)|| (paper). A device applies it to its own update, a
+    trusted edge to what it receives (an upload over the bound is clipped and counted)."""
+    bound = float(plan.get("delta_clip", 0.0))
+    if not bound > 0:
+        return vec, False
+    if shape_of(plan) == "wavelet":
+        return wavelet_clip(vec, bound, WaveletLayout([len(vec)]), _wavelet_calibration(plan))
+    return clip_l2(vec, bound)

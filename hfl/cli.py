@@ -270,6 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
     from hfl.attack_cli import add_parser as add_attack_parser
 
     add_attack_parser(sub)
+    from hfl.audit_cli import add_parser as add_audit_parser
+
+    add_audit_parser(sub)
     from hfl.plan_cli import add_parser as add_plan_parser
 
     add_plan_parser(sub)

@@ -188,6 +188,38 @@ def bookkeeping_clipped_sum(model: nn.Module, params: dict[str, torch.Tensor], x
     return torch.cat(out), losses, norms
 
 
+def example_norms(g: torch.Tensor, layout: WaveletLayout | None, calibration: str,
+                  segments: Sequence[int] | None) -> torch.Tensor:
+    """[B, segments] norms the clip bounds apply to: ||g_i|| (flat) or per layer; with a wavelet layout ||W (.) H_i||
+    (sound) or ||H_i|| (paper) per transformed segment, and one norm over all of them when the clip is flat."""
+    if layout is None:
+        return row_norms(g, segments)
+    norms = layout.row_norms(g, calibration)
+    if segments is None and norms.shape[1] > 1:  # a flat clip over per-layer transforms
+        norms = torch.linalg.vector_norm(norms, dim=1, keepdim=True)
+    return norms
+
+
+def noise_scales(noise_multiplier: float, sensitivity: float, layout: WaveletLayout | None) -> torch.Tensor:
+    """Noise std per coordinate: sigma S, or sigma S / W_c on wavelet coefficient c (paper 002 Alg. 1 step 5)."""
+    if layout is None:
+        return torch.full((1,), noise_multiplier * sensitivity)
+    return noise_multiplier * sensitivity / torch.from_numpy(layout.weights).to(torch.float32)
+
+
+def noisy_sum(total: torch.Tensor, scales: torch.Tensor, layout: WaveletLayout | None, generator: torch.Generator,
+              out: torch.Tensor | None = None) -> torch.Tensor:
+    """The lot's release: the clipped sum plus one noise draw, N(0, scales^2) on each coordinate or, with a wavelet
+    layout, on each Haar coefficient (IHWT(HWT(total) + noise)). `total` is [P] or [B, P] (B releases); it is
+    updated in place where that saves a copy."""
+    if layout is None:
+        noise = torch.randn(total.shape, generator=generator, out=out) if out is not None and out.shape == total.shape \
+            else torch.randn(total.shape, generator=generator)
+        return total.add_(noise.mul_(scales))
+    h = layout.forward(total)
+    return layout.inverse(h.add_(torch.randn(h.shape, generator=generator).mul_(scales)))
+
+
 def draw_lot(n: int, q: float, lot: str, generator: torch.Generator) -> torch.Tensor:
     """Indices of one lot: each of the n examples independently with probability q ("poisson", Abadi et
     al.'s lot and the sampling the RDP accountant assumes) or a uniform subset of round(q n) ("fixed")."""
@@ -305,10 +337,7 @@ def dp_sgd(model: nn.Module, w: np.ndarray, shard, lr: float, steps: int, q: flo
                "mechanism and only Linear / Conv2d layers)", grad_method)
     use_bookkeeping = layers is not None and grad_method != "vmap"
     segments = sizes if per_layer else None
-    if layout is None:
-        noise_scale = torch.full((1,), noise_multiplier * sensitivity)
-    else:
-        noise_scale = noise_multiplier * sensitivity / torch.from_numpy(layout.weights).to(torch.float32)
+    noise_scale = noise_scales(noise_multiplier, sensitivity, layout)
     width = theta.numel()
     expected_lot = float(fixed_lot_size(n, q) if lot == "fixed" else q * n)
 
@@ -325,24 +354,13 @@ def dp_sgd(model: nn.Module, w: np.ndarray, shard, lr: float, steps: int, q: flo
                 part, losses, _ = bookkeeping_clipped_sum(model, params, x, y, bounds, per_layer, layers)
             else:
                 g, losses = per_example_gradients(model, params, x, y)
-                if layout is None:
-                    norms = row_norms(g, segments)
-                else:
-                    norms = layout.row_norms(g, calibration)
-                    if not per_layer and norms.shape[1] > 1:  # flat clip over per-layer transforms
-                        norms = torch.linalg.vector_norm(norms, dim=1, keepdim=True)
                 # the HWT is linear: sum_i s_i HWT(g_i) = HWT(sum_i s_i g_i), so the clipped sum is formed
                 # in the gradient domain and transformed once per lot
-                part = clipped_sum(g, clip_factors(norms, bounds), segments)
+                part = clipped_sum(g, clip_factors(example_norms(g, layout, calibration, segments), bounds), segments)
             total += part
             loss_sum += float(losses.sum())
             loss_count += len(chunk)
-        if layout is None:
-            step = total.add_(torch.randn(width, generator=generator, out=noise).mul_(noise_scale))
-        else:
-            h = layout.forward(total)
-            step = layout.inverse(h.add_(torch.randn(h.shape, generator=generator).mul_(noise_scale)))
-        theta.sub_(step, alpha=lr / expected_lot)
+        theta.sub_(noisy_sum(total, noise_scale, layout, generator, noise), alpha=lr / expected_lot)
 
     info = accounting(mechanism=mechanism, calibration=calibration if mechanism == "wavelet" else "sound",
                       noise_multiplier=noise_multiplier, q=q, steps=steps, lot=lot, n=n, sensitivity=sensitivity,

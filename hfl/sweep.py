@@ -18,6 +18,8 @@ A spec (paths relative to the spec file):
     group_by = "run.algorithm"          # one plot per value of this varied key (optional)
     target = { accuracy = 0.75 }        # optional: per run, the first round whose metric reaches the value, and
                                         # the cumulative emulated seconds and energy then (target.* columns)
+    audit = { trials = 2000 }           # optional: `hfl audit privacy` once per private cell (its first seed's
+                                        # config), columns audit.epsilon_lower_bound and audit.epsilon_one_release
 
 Each run goes to OUT/CELL/seed-S; a run whose summary.json exists is not run again. At the end:
 OUT/results.md, OUT/results.json and OUT/CURVE_vs_X[__KEY-VALUE].png.
@@ -41,9 +43,9 @@ from hfl.common import config as config_mod
 from hfl.common import metrics
 
 SPEC_KEYS = ("name", "description", "config", "seeds", "base", "grid", "variants", "report")
-REPORT_KEYS = ("fields", "curves", "x", "group_by", "target")
+REPORT_KEYS = ("fields", "curves", "x", "group_by", "target", "audit")
 DEFAULT_REPORT = {"fields": ["final_accuracy"], "curves": ["accuracy"], "x": ["round", "emulated_seconds"], "group_by": None,
-                  "target": None}
+                  "target": None, "audit": None}
 TARGET_COLUMNS = ("round", "emulated_seconds", "energy_joules_total", "wall_seconds")
 VARIANT = "variant"  # the varied key that names a [variants.NAME] table
 
@@ -154,6 +156,10 @@ def parse_spec(text: str, path: pathlib.Path) -> Spec:
                 isinstance(v, (int, float)) and not isinstance(v, bool) for v in target.values()):
             raise SweepError(f"report.target must be one metric and its value, e.g. {{ accuracy = 0.75 }}, got {target!r}")
         report["fields"] = list(report["fields"]) + [f"target.{c}" for c in ("reached",) + TARGET_COLUMNS]
+    audit = report["audit"]
+    if audit is not None and not (isinstance(audit, dict) and set(audit) <= {"trials"} and isinstance(
+            audit.get("trials", 2000), int) and audit.get("trials", 2000) >= 4):
+        raise SweepError(f"report.audit must be a table like {{ trials = 2000 }} (trials >= 4), got {audit!r}")
     spec = Spec(str(raw.get("name", path.stem)), path, base, grid, variants, seeds, report)
     group_by = report["group_by"]
     if group_by is not None and group_by not in spec.varied_keys:
@@ -249,9 +255,21 @@ def epsilon_fields(summary: dict) -> dict[str, float]:
     return {k: v for k, v in _numbers(summary).items() if "epsilon" in k.rsplit(".", 1)[-1] and k.count(".") <= 1}
 
 
+AUDIT_FILE = "audit/audit.json"
+
+
+def out_dir_of(run: Run) -> pathlib.Path:
+    """The cell's directory (OUT/CELL), where its audit lives."""
+    return run.run_dir.parent
+
+
 def epsilon_label(key: str) -> str:
     """Which kind of figure an epsilon column holds: never blur the accountant's with a paper's claim."""
     name = key.rsplit(".", 1)[-1]
+    if name == "epsilon_lower_bound":
+        return f"{key} (empirical 95% lower bound, one release)"
+    if name == "epsilon_one_release":
+        return f"{key} (what the calibration states for that release; a claim in paper mode)"
     kind = ("the paper's claim, not a measurement" if "claimed" in name else "the configured budget"
             if "budget" in name else "accountant")
     return f"{key} ({kind})"
@@ -281,6 +299,12 @@ def aggregate(spec: Spec, runs: list[Run], errors: dict[pathlib.Path, str]) -> l
                 if r.seed in summaries:
                     summaries[r.seed]["target"] = to_target(metrics.read_jsonl(r.run_dir / "metrics.jsonl"),
                                                             spec.report["target"])
+        audited = out_dir_of(members[0]) / AUDIT_FILE
+        if audited.is_file():  # one audit per cell: the same columns beside every seed
+            found = json.loads(audited.read_text())
+            for s in summaries.values():
+                s["audit"] = {"epsilon_lower_bound": found["epsilon_lower_bound"],
+                              "epsilon_one_release": found["epsilon_claimed"]}
         eps_keys = sorted({k for s in summaries.values() for k in epsilon_fields(s)})
         stats = {f: mean_std([_numbers(s).get(f) for s in summaries.values()]) for f in spec.report["fields"]}
         eps = {k: mean_std([epsilon_fields(s).get(k) for s in summaries.values()]) for k in eps_keys}
@@ -412,6 +436,24 @@ def run_one(run: Run, on_round=None, timeout: float = 24 * 3600, active: dict | 
             active.pop(id(bed), None)
 
 
+def audit_cells(spec: Spec, runs: list[Run], console) -> None:
+    """`hfl audit privacy` on the first run's config of every cell whose algorithm it covers (kept; not redone)."""
+    from hfl import audit_cli
+    from hfl.common import plans
+
+    trials = int(spec.report["audit"].get("trials", 2000))
+    firsts: dict[str, Run] = {}
+    for run in runs:
+        firsts.setdefault(run.cell, run)
+    for cell, run in firsts.items():
+        target = out_dir_of(run) / AUDIT_FILE
+        if target.is_file() or plans.ALGORITHMS.get(run.config.run.algorithm).privacy not in audit_cli.LEVELS:
+            continue
+        report = audit_cli.run_audit(run.config, target.parent, trials, 0, log=lambda *_: None)
+        console.print(f"audit {cell}: epsilon lower bound {report['epsilon_lower_bound']:.3g} vs "
+                      f"{report['epsilon_claimed']:.3g} stated for one release", markup=False)
+
+
 def _interrupt(*_) -> None:
     raise KeyboardInterrupt  # SIGTERM stops the sweep like Ctrl-C
 
@@ -484,6 +526,8 @@ def run_sweep(spec_path: str | pathlib.Path, out: str | pathlib.Path | None = No
         finally:
             signal.signal(signal.SIGTERM, previous)
             pool.shutdown(wait=True)
+    if spec.report.get("audit") is not None:
+        audit_cells(spec, runs, console)
     write_results(spec, runs, out_dir, errors)
     console.print(f"results: {out_dir / 'results.md'}, results.json and plots", markup=False)
     if not quiet:

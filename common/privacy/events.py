@@ -96,7 +96,8 @@ class DpRecord:
     def from_params(cls, params: Mapping[str, float], covers: Iterable[str]) -> "DpRecord":
         try:
             kwargs = {k: _CODED[k][int(params[_PREFIX + k])] for k in _CODED}
-            kwargs.update({k: params[_PREFIX + k] for k in _NUMERIC})
+            kwargs.update({k: params[_PREFIX + k] for k in _NUMERIC if k != "population"})
+            kwargs["population"] = params.get(_PREFIX + "population", 0.0)  # absent in events written before it
         except (KeyError, IndexError) as exc:
             raise ValueError(f"params do not describe a DP event (missing or bad {exc})") from None
         nodes = [k[len(_NODE):] for k in params if k.startswith(_NODE)]

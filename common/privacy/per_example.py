@@ -241,7 +241,7 @@ def accounting(*, mechanism: str, calibration: str, noise_multiplier: float, q: 
     Poisson lots under add/remove-one adjacency: PoissonSampled(Gaussian(sigma)) x steps. Fixed lots are
     sampling without replacement, which dp_accounting accounts under replace-one adjacency, where the sum
     of clipped vectors moves by up to 2C: the accounted multiplier is then sigma / 2."""
-    fixed = lot == "fixed"
+    fixed = lot == "fixed" and q < 1.0  # a lot of the whole dataset is no sampling at all
     out = {
         "mechanism": mechanism,
         "calibration": calibration,

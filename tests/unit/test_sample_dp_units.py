@@ -377,10 +377,6 @@ def test_local_dp_sgd_needs_noise_z_sample(mlp, shard, plan):
         run_phase(mlp, shard, 1, plan=plan)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "fixed lots with q = 1: per_example.accounting halves the multiplier whenever lot == 'fixed' (replace-one), "
-    "but local_dp_sgd then records population 0 (add/remove accounting) and calibrate_dp_sgd plans z itself, so "
-    "the device reports about twice the planned epsilon"))
 def test_local_dp_sgd_fixed_full_lot_matches_calibration(mlp, shard):
     s = calibrate_dp_sgd(epsilon=EPS, delta=DELTA, steps=3, lot_rate=1.0, clip=1.0, lot="fixed",
                          dataset_size=N_SHARD, mode="noise_multiplier", noise_multiplier=5.0)
@@ -389,3 +385,10 @@ def test_local_dp_sgd_fixed_full_lot_matches_calibration(mlp, shard):
     assert rec.population == 0 and rec.sampling_rate == 1.0
     # the device's record must account what the cloud planned for the same noise
     assert rec.noise_multiplier == pytest.approx(s.noise_multiplier, rel=1e-12)
+
+
+def test_events_written_before_population_existed_still_parse():
+    rec = DpRecord(tier="device", node="dev-00001", covers=("dev-00001",), mechanism="gaussian",
+                   noise_multiplier=2.0, sensitivity=1.0)
+    params = {k: v for k, v in rec.to_transform_params().items() if k != "dp.population"}
+    assert DpRecord.from_transform_params(params) == rec

@@ -191,3 +191,13 @@ def test_to_target_finds_the_first_round_reaching_the_value():
     assert missed["reached"] == 0.0 and missed["round"] is None and missed["energy_joules_total"] is None
     with pytest.raises(sweep.SweepError, match="report.target"):
         sweep.parse_spec('seeds = [0]\n[report]\ntarget = { accuracy = "high" }\n', pathlib.Path("/tmp/x.toml"))
+
+
+def test_report_audit_is_checked_and_labelled():
+    spec = sweep.parse_spec('seeds = [0]\n[report]\naudit = { trials = 500 }\n', pathlib.Path("/tmp/x.toml"))
+    assert spec.report["audit"] == {"trials": 500}
+    for bad in ('audit = { trials = 2 }', 'audit = { rounds = 5 }', 'audit = true'):
+        with pytest.raises(sweep.SweepError, match="report.audit"):
+            sweep.parse_spec(f'seeds = [0]\n[report]\n{bad}\n', pathlib.Path("/tmp/x.toml"))
+    assert "lower bound" in sweep.epsilon_label("audit.epsilon_lower_bound")
+    assert "claim" not in sweep.epsilon_label("audit.epsilon_lower_bound")

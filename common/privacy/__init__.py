@@ -1,6 +1,7 @@
 """Differential privacy placed by trust: clipping, noise, DP events, accountant, calibration, ledger.
 
-Importing the package registers its pipeline stages (clip_l2, clip_per_layer, gaussian, laplace) and the
+Importing the package registers its pipeline stages (clip_l2, clip_l1, clip_per_layer, gaussian, laplace, wavelet_clip,
+wavelet_gaussian) and the
 fixed_denominator_sum aggregator. It stays light: no torch, and dp_accounting only in the modules that
 need it (events' conversion, accountant, calibration, ledger), which edges never import.
 """

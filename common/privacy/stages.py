@@ -1,4 +1,5 @@
-"""Pipeline stages `fn(vec, rng, **params) -> vec` for clipping and noise, and the DP-FedAvg update sum.
+"""Pipeline stages `fn(vec, rng, **params) -> vec` for clipping and noise (L2, L1, per layer, Gaussian, Laplace,
+and paper 002's wavelet clip and noise), and the DP-FedAvg update sum.
 
 Plan parameters travel as map<string, double>, so list-valued parameters of `clip_per_layer` may come
 either as lists (`bounds`, `sizes`) or flattened as `bound_0, bound_1, ...` and `size_0, size_1, ...`;
@@ -14,6 +15,10 @@ from hfl.common.pipeline import AGGREGATORS, VECTOR_STAGES
 
 from .clipping import clip_l1, clip_l2, clip_per_layer, equal_layer_bounds
 from .noise import add_gaussian, add_laplace
+from .wavelet import wavelet_clip_stage, wavelet_gaussian_stage
+
+VECTOR_STAGES.register("wavelet_gaussian")(wavelet_gaussian_stage)  # paper 002's noise on Haar coefficients
+VECTOR_STAGES.register("wavelet_clip")(wavelet_clip_stage)  # ||W (.) H|| <= clip (weighted = 1) or ||H|| (0)
 
 
 def _indexed(params: Mapping[str, float], prefix: str) -> list[float]:

@@ -392,3 +392,16 @@ def test_events_written_before_population_existed_still_parse():
                    noise_multiplier=2.0, sensitivity=1.0)
     params = {k: v for k, v in rec.to_transform_params().items() if k != "dp.population"}
     assert DpRecord.from_transform_params(params) == rec
+
+
+def test_wavelet_stages_are_registered_as_the_pure_functions():
+    from hfl.common.pipeline import VECTOR_STAGES
+    from hfl.common.privacy.wavelet import WaveletLayout, wavelet_clip, wavelet_gaussian
+
+    vec = np.linspace(-2.0, 3.0, 100).astype(np.float32)
+    layout = WaveletLayout([100])
+    got = VECTOR_STAGES.get("wavelet_gaussian")(vec, np.random.default_rng(7), noise_multiplier=2.0, sensitivity=0.5)
+    np.testing.assert_array_equal(got, wavelet_gaussian(vec, 1.0, layout, np.random.default_rng(7)))
+    for weighted, mode in ((1.0, "sound"), (0.0, "paper")):
+        got = VECTOR_STAGES.get("wavelet_clip")(vec, np.random.default_rng(0), clip=0.5, weighted=weighted)
+        np.testing.assert_array_equal(got, wavelet_clip(vec, 0.5, layout, mode)[0])

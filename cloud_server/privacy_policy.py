@@ -33,10 +33,13 @@ class PrivacyPolicy:
         self.p = p = privacy_config.effective(cfg.privacy, self.algorithm)
         self.wavelet = privacy_config.wavelet_calibration(p) if p.mechanism == "wavelet" else ""
         # the largest Haar weight max_c W_c (= the padded length of the longest transformed segment)
+        if self.wavelet and not layer_sizes:
+            raise ValueError("wavelet noise needs the model's layer sizes (its Haar weights)")
         scope = list(layer_sizes) if p.wavelet_scope == "per_layer" else [sum(layer_sizes)]
         self.max_weight = float(max((padded_length(n) for n in scope), default=1))
-        # the paper's wavelet calibration is claimed, not measured: like paper-mode noise, exempt from the stop
-        self.claim_only = p.calibration == "paper" or self.wavelet == "paper"
+        # claimed, not measured (paper 000's formula, paper 002's wavelet clip): exempt from the budget stop. At
+        # sample level "paper" only picks sigma by the accountant, as the paper does: a sound vanilla DP-SGD.
+        self.claim_only = self.wavelet == "paper" or (p.calibration == "paper" and self.algorithm.privacy != "sample")
         self.edges = list(edges)
         self.members = {e: topology.edge_members(cfg, topology.edge_index(e)) for e in self.edges}
         fraction = None if p.trusted_fraction == -1.0 else p.trusted_fraction

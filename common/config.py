@@ -312,6 +312,10 @@ def validate_cross(config: Config) -> None:
     from hfl.common.channel.config import validate_channel
 
     validate_channel(config.channel, config.clock)
+    try:  # a round plan the algorithm cannot build (e.g. h2fdp's tau not a multiple of m) is a config error
+        plans.build_plan(config)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     if config.channel.model != "ideal":
         raise ConfigError(f"channel.model = {config.channel.model!r}: no round plan runs on the wireless medium yet "
                           "(issue 9, items 2-3); only \"ideal\" is wired")

@@ -1,6 +1,7 @@
 """Round plans as data: each algorithm is a function from the config to a list of phases."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -98,7 +99,7 @@ def dp_fedavg(cfg) -> list[pb.Phase]:
 
 def dp_sgd_steps(train, lot_rate: float) -> int:
     """Local DP-SGD steps per local phase: train.gamma steps, or gamma epochs as ceil(gamma / q) lots."""
-    return int(train.gamma) if train.local_unit != "epochs" else int(-(-train.gamma // lot_rate))
+    return int(train.gamma) if train.local_unit != "epochs" else math.ceil(train.gamma / lot_rate - 1e-9)
 
 
 def local_dp_sgd(cfg) -> pb.Phase:
@@ -108,6 +109,9 @@ def local_dp_sgd(cfg) -> pb.Phase:
     from hfl.common.privacy.config import effective, wavelet_calibration
 
     p = effective(cfg.privacy, ALGORITHMS.get(cfg.run.algorithm))
+    if dp_sgd_steps(cfg.train, p.lot_rate) < 1 or cfg.train.tau < 1:
+        raise ValueError(f"{cfg.run.algorithm}: train.gamma ({cfg.train.gamma}) and train.tau ({cfg.train.tau}) must be "
+                         ">= 1 (DP-SGD steps per edge round, edge rounds per cloud round)")
     params = dict(lr=cfg.train.lr, steps=dp_sgd_steps(cfg.train, p.lot_rate), q=p.lot_rate, clip=p.clip,
                   fixed=float(p.lot == "fixed"), wavelet=float(p.mechanism == "wavelet"),
                   paper=float(wavelet_calibration(p) == "paper"), per_layer=float(p.wavelet_scope == "per_layer"))

@@ -72,6 +72,7 @@ class Device:
         self.uplink = Link.device_uplink(cfg)
         self.downlink = Link.from_config(cfg.pipeline, "downlink")
         self.relay = plans.ALGORITHMS.get(cfg.run.algorithm).relay
+        self.private = bool(plans.ALGORITHMS.get(cfg.run.algorithm).privacy)
         self.report_beta = cfg.control.controller != "none" and cfg.control.beta < 0  # H2FDP(ctrl) estimates beta
         self.chunk_bytes = cfg.net.chunk_kib * 1024
         self.max_bytes = cfg.net.max_message_mb << 20
@@ -194,8 +195,10 @@ class Device:
                         extra["beta_estimate"] = beta
             elif phase.kind == plans.LOCAL_DP_SGD:
                 dev_plan = dict(cluster.devices[self.id].params) if self.id in cluster.devices else {}
-                w, loss, rec = await self.trainer.run(local_dp_sgd, w, self.shard, p, {**cplan, **dev_plan},
-                                                      self._gen(task.round, step), self.id, task.round)
+                # lots and noise drawn afresh per attempt (a repeated draw would cancel between two releases)
+                gen = torch_generator(self.cfg.run.seed, "device", self.index, task.round, step, "dp_sgd", task.attempt)
+                w, loss, rec = await self.trainer.run(local_dp_sgd, w, self.shard, p, {**cplan, **dev_plan}, gen,
+                                                      self.id, task.round)
                 if np.isfinite(loss):
                     losses.append(loss)
                 sample_dp.append(rec)
@@ -208,7 +211,8 @@ class Device:
                 w = w - np.float32(p["lr"]) * g
                 anchor = anchor - np.float32(p["lr"]) * g
             elif phase.kind == plans.EDGE_MODEL_SYNC:
-                scalars = {"train_loss": float(np.mean(losses))} if losses else {}
+                # a private algorithm's devices send no training loss: it is computed on their data without noise
+                scalars = {"train_loss": float(np.mean(losses))} if losses and not self.private else {}
                 scalars.update(extra)
                 extra = {}
                 if not np.isfinite(w).all():  # a diverged model: nothing sound to send; the round goes on without us
@@ -238,7 +242,7 @@ class Device:
         if cplan.get("trusted", 0.0) == 1.0:
             return delta, []
         stream = on_wire.stream_of(task.phases, step)
-        rng = numpy_rng(self.cfg.run.seed, "device", self.index, task.round, step, "dp_noise")
+        rng = numpy_rng(self.cfg.run.seed, "device", self.index, task.round, step, "dp_noise", task.attempt)
         delta, z, sens = on_wire.apply_noise(delta, cplan, stream, rng)
         if not z:
             return delta, []

@@ -367,6 +367,8 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
         plan = task.clusters[self.id] if self.id in task.clusters else pb.ClusterPlan()
         self.cluster_plan = plan
         self.cplan = dict(plan.params)
+        # DP events of every attempt: an aborted attempt's noisy uploads and aggregates were released all the same
+        self.dp_records = []
         self.participants = set(plan.participants) if plan.participants or plan.only_listed else set(self.members)
         rate = self.cplan.get("client_rate", 1.0)
         if rate < 1.0:  # DP-FedAvg: the trusted aggregator draws its clients (Poisson, rate q_c) itself
@@ -390,7 +392,6 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
         self.out = set()
         self.live.returned.clear()
         self.losses = []
-        self.dp_records = []
         self.q_uplink = []
         self.relayed = []
         self.betas: list[float] = []
@@ -512,7 +513,8 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
             agg = robust.aggregate(self.cfg.pipeline.aggregate, self.cfg.pipeline.params, vecs, weights)
         if trusted:
             stream = on_wire.stream_of(self.plan, step)
-            rng = numpy_rng(self.cfg.run.seed, "edge", self.index, round_, step, "dp_noise")
+            # a fresh draw per attempt: two releases sharing one noise draw would cancel it in their difference
+            rng = numpy_rng(self.cfg.run.seed, "edge", self.index, round_, step, "dp_noise", self.attempt)
             agg, z, sens = on_wire.apply_noise(agg, self.cplan, stream, rng)
             if z:
                 rate = self.cplan.get("client_rate", 1.0)

@@ -4,7 +4,9 @@ mechanism's noise calibration, at the level of ONE release.
 The run's own privacy policy (cloud_server.privacy_policy) calibrates the noise exactly as `hfl run` would; the
 audit then applies the emulator's own functions to a canary and to nothing, `--trials` times each:
 - sample level (dp-sgd, dp-sgd-wav): per_example.example_norms / clip_factors / noisy_sum, the code of dp_sgd, on
-  a gradient canary (one example's clipped gradient; white-box, the other examples' known sum cancels);
+  a gradient canary (one example's clipped gradient; white-box, the other examples' known sum cancels). For the
+  gaussian mechanism dp_sgd clips through the book-keeping sum (same factors, no per-example rows; its equality with
+  the per-example path is a unit test), so the audit covers its clip through that equality;
 - user level at a trusted aggregator (dp-fedavg, dp-fedavg-wav): on_wire.enforce_clip and on_wire.apply_noise, the
   code of the device and the edge, on an update canary weighted like the largest client (p_k = max).
 The canary is the worst case for the mechanism: for wavelet noise the vector whose Haar energy sits on the two
@@ -80,8 +82,9 @@ def _sample_release(policy, edge, plan, sizes, breaking: float):
 
     shift = clipped.double().numpy()
     score = audit.wavelet_lr_score(layout, shift) if layout is not None else audit.projection_score(shift)
-    claimed_z = z / (2.0 if p.lot == "fixed" and p.lot_rate < 1 else 1.0)
-    return release, score, True, claimed_z, "gaussian"
+    # the pair tested is canary vs nothing (add/remove one example, shift C): its statement is epsilon(z), also for
+    # fixed lots, whose run accounting states the same noise as z / 2 under replace-one
+    return release, score, True, z, "gaussian"
 
 
 def _aggregator_release(policy, edge, plan, sizes, breaking: float):

@@ -449,7 +449,11 @@ def audit_cells(spec: Spec, runs: list[Run], console) -> None:
         target = out_dir_of(run) / AUDIT_FILE
         if target.is_file() or plans.ALGORITHMS.get(run.config.run.algorithm).privacy not in audit_cli.LEVELS:
             continue
-        report = audit_cli.run_audit(run.config, target.parent, trials, 0, log=lambda *_: None)
+        try:
+            report = audit_cli.run_audit(run.config, target.parent, trials, 0, log=lambda *_: None)
+        except Exception as exc:  # one failed audit must not cost the sweep's table
+            console.print(f"audit {cell} FAILED: {exc.__class__.__name__}: {exc}", markup=False)
+            continue
         console.print(f"audit {cell}: epsilon lower bound {report['epsilon_lower_bound']:.3g} vs "
                       f"{report['epsilon_claimed']:.3g} stated for one release", markup=False)
 

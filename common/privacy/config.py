@@ -109,6 +109,16 @@ def validate_privacy(section: PrivacySection, edge_ids: Sequence[str], algorithm
     if section.enabled and section.mechanism == "wavelet" and section.placement == "by_trust":
         _fail("mechanism", "wavelet noise is built for dp-sgd-wav (sample level) and dp-fedavg-wav (trusted "
                            "aggregator), not for H2FDP's by-trust placement")
+    if section.enabled and section.placement == "aggregator" and section.mechanism == "wavelet" \
+            and section.wavelet_scope != "flat":
+        _fail("wavelet_scope", "must be flat at a trusted aggregator (dp-fedavg-wav transforms the whole update); "
+                               "per_layer applies to sample-level DP-SGD-WAV")
+    if section.enabled and section.placement == "aggregator" and section.mechanism == "laplace":
+        _fail("mechanism", "laplace is not available for DP-FedAvg: its updates are clipped in L2, and the L1 "
+                           "sensitivity of an L2-clipped update grows with sqrt(dimension)")
+    if section.enabled and section.placement == "sample" and section.lot == "fixed" and section.accountant != "rdp":
+        _fail("accountant", "must be rdp with fixed lots: dp_accounting's PLD accountant has no sampling without "
+                            "replacement")
     if not section.c2 > 0:
         _fail("c2", f"must be > 0, got {section.c2!r}")
     if not (section.v2 > 0 or section.v2 == -1.0):

@@ -116,4 +116,4 @@ def test_fixed_trust_algorithms_refuse_a_trust_setting(algorithm):
     edges = ["topology.edges=1"] if algorithm == "pedpfl-style" else []
     with pytest.raises(ConfigError, match=r"privacy\.trusted_fraction = 1\.0: .* fixes every edge's trust"):
         load(overrides=[f"run.algorithm={algorithm}", "privacy.trusted_fraction=1.0"] + edges)
-    assert load(overrides=[f"run.algorithm={algorithm}"] + edges).run.algorithm == algorithm
+    assert load(overrides=[f"run.algorithm={algorithm}", "train.tau=10"] + edges).run.algorithm == algorithm

@@ -405,3 +405,33 @@ def test_wavelet_stages_are_registered_as_the_pure_functions():
     for weighted, mode in ((1.0, "sound"), (0.0, "paper")):
         got = VECTOR_STAGES.get("wavelet_clip")(vec, np.random.default_rng(0), clip=0.5, weighted=weighted)
         np.testing.assert_array_equal(got, wavelet_clip(vec, 0.5, layout, mode)[0])
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["run.algorithm=dp-sgd", "privacy.lot=fixed", "privacy.accountant=pld"], "privacy.accountant"),
+    (["run.algorithm=dp-fedavg-wav", "privacy.trust=trusted", "privacy.wavelet_scope=per_layer"], "privacy.wavelet_scope"),
+    (["run.algorithm=dp-fedavg", "privacy.trust=trusted", "privacy.mechanism=laplace"], "privacy.mechanism"),
+    (["run.algorithm=dp-sgd", "privacy.mechanism=laplace"], "privacy.mechanism"),
+    (["run.algorithm=dp-sgd", "train.gamma=0"], "train.gamma"),
+    (["run.algorithm=dp-sgd", "privacy.lot_rate=0"], "privacy.lot_rate"),
+    (["run.algorithm=dp-sgd", "privacy.layer_clips=[1.0, 1.0]"], "privacy.layer_clips"),
+    (["run.algorithm=dp-sgd-wav", "privacy.layer_clips=[1,1,1,1,1,1]"], "privacy.wavelet_scope"),
+    (["run.algorithm=hierfavg", "privacy.level=sample"], "privacy.level"),
+    (["run.algorithm=dp-sgd-wav", "privacy.mechanism=laplace"], "privacy.mechanism"),
+])
+def test_bad_sample_level_configs_name_the_key(overrides, key):
+    from hfl.common.config import ConfigError, load
+
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load(overrides=overrides)
+
+
+def test_dp_sgd_steps_for_epochs_round_up_exactly():
+    from types import SimpleNamespace
+
+    from hfl.common.plans import dp_sgd_steps
+
+    assert dp_sgd_steps(SimpleNamespace(gamma=3, local_unit="epochs"), 0.3) == 10
+    assert dp_sgd_steps(SimpleNamespace(gamma=3, local_unit="epochs"), 0.6) == 5
+    assert dp_sgd_steps(SimpleNamespace(gamma=1, local_unit="epochs"), 0.07) == 15
+    assert dp_sgd_steps(SimpleNamespace(gamma=7, local_unit="steps"), 0.07) == 7

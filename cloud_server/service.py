@@ -55,6 +55,16 @@ def launch_to_now() -> float:
     return round(time.time() - launched, 3)
 
 
+# The cloud's weight of one edge's result under aggregation.cloud_weights (normalised by the aggregator):
+# its samples, its devices (N_l / N), equal (1 / L: paper 000), or its share of the fusion scores (relay, paper 004).
+CLOUD_WEIGHTS = {
+    "samples": lambda res: float(res.samples),
+    "devices": lambda res: float(res.devices),
+    "equal": lambda res: 1.0,
+    "fusion": lambda res: float(res.scalars[FUSION_WEIGHT]),
+}
+
+
 @dataclass
 class EdgeResult:
     delta: np.ndarray
@@ -446,11 +456,8 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
         names = sorted(n for n, res in self.results.items() if res.devices > 0)  # arrival order must not matter
         if not names:
             return self.w, False
-        if rule == "fusion":  # relay: each edge's share of the round's fusion scores (fusion_center)
-            weights = [self.results[n].scalars[FUSION_WEIGHT] for n in names]
-        else:
-            weights = [self.results[n].samples if rule == "samples" else self.results[n].devices for n in names]
-        # w_{t+1} = w_t + sum_l (N_l / N) delta_l  (or sample counts), in float64
+        weights = [CLOUD_WEIGHTS[rule](self.results[n]) for n in names]
+        # w_{t+1} = w_t + sum_l (N_l / N) delta_l  (or sample counts, or 1 / L each), in float64
         step = robust.aggregate(self.cfg.pipeline.aggregate, self.cfg.pipeline.params,
                                 [self.results[n].delta for n in names], weights)
         new = (self.w.astype(np.float64) + step).astype(np.float32)

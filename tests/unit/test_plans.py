@@ -33,3 +33,26 @@ def test_qhetfed_plan_is_algorithm_1():
 def test_unknown_phase():
     with pytest.raises(ValueError, match="unknown phase"):
         plans.phase("edge_magic")
+
+
+def test_every_cloud_weight_rule_has_its_weight():
+    from types import SimpleNamespace
+
+    from hfl.cloud_server.fusion_center import FUSION_WEIGHT
+    from hfl.cloud_server.service import CLOUD_WEIGHTS
+
+    res = SimpleNamespace(samples=120, devices=3, scalars={FUSION_WEIGHT: 0.25})
+    assert {rule: f(res) for rule, f in CLOUD_WEIGHTS.items()} == {"samples": 120.0, "devices": 3.0, "equal": 1.0,
+                                                                  "fusion": 0.25}
+    # every rule the config accepts (auto resolves to one of them) and every algorithm's own rule
+    from hfl.common import plans
+    from hfl.common.config import AggregationSection
+
+    allowed = set(dataclasses_choices(AggregationSection, "cloud_weights")) - {"auto"}
+    assert allowed | {a.cloud_weights for a in map(plans.ALGORITHMS.get, plans.ALGORITHMS)} <= set(CLOUD_WEIGHTS)
+
+
+def dataclasses_choices(cls, name):
+    import dataclasses
+
+    return next(f for f in dataclasses.fields(cls) if f.name == name).metadata["choices"]

@@ -7,6 +7,8 @@ and is set only in `paper` mode, so a claimed figure is never presented as measu
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -48,6 +50,19 @@ class NoiseSetting:
                         sampling_rate=self.sampling_rate, count=count, round=round_, stream=self.stream)
 
 
+@contextlib.contextmanager
+def _quiet_search():
+    """dp_accounting's RDP series log a warning (via absl) for every order they drop at the small multipliers a
+    calibration search probes; the search result is unaffected, so those are silenced while it runs."""
+    log = logging.getLogger("absl")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
 def _positive(name: str, value: float) -> float:
     if not (value > 0 and math.isfinite(value)):
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
@@ -85,8 +100,9 @@ def calibrate_multiplier(epsilon: float, delta: float, releases: int, sampling_r
     def event(z: float) -> dp_accounting.DpEvent:
         return accounting_event(mechanism, z, sampling_rate, 1 if folded else int(releases))
 
-    z = dp_accounting.calibrate_dp_mechanism(lambda: make_accountant(accountant), event, epsilon, delta,
-                                             tol=tol) * scale
+    with _quiet_search():
+        z = dp_accounting.calibrate_dp_mechanism(lambda: make_accountant(accountant), event, epsilon, delta,
+                                                 tol=tol) * scale
     spent = lambda z_: epsilon_of_releases([(mechanism, z_, sampling_rate, releases)], delta, accountant)
     while spent(z) > epsilon:
         z += tol * scale
@@ -339,10 +355,11 @@ def calibrate_dp_sgd(*, epsilon: float, delta: float, steps: int, lot_rate: floa
             raise ValueError("calibration = noise_multiplier needs noise_multiplier > 0")
         z = _positive("noise_multiplier", noise_multiplier)
     elif fixed:
-        z = adjacency * dp_accounting.calibrate_dp_mechanism(
-            lambda: make_accountant(accountant, replace_one=True),
-            lambda z_: accounting_event("gaussian", z_, rate, int(steps), population), epsilon, delta, tol=1e-5,
-            bracket_interval=dp_accounting.LowerEndpointAndGuess(0.05, 1.0))  # z = 0 divides by zero there
+        with _quiet_search():
+            z = adjacency * dp_accounting.calibrate_dp_mechanism(
+                lambda: make_accountant(accountant, replace_one=True),
+                lambda z_: accounting_event("gaussian", z_, rate, int(steps), population), epsilon, delta, tol=1e-5,
+                bracket_interval=dp_accounting.LowerEndpointAndGuess(0.05, 1.0))  # z = 0 divides by zero there
         while _sampled_epsilon(z / adjacency, steps, rate, population, delta, accountant) > epsilon:
             z += 1e-5 * adjacency
     else:

@@ -282,6 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command in ("cloud", "edge", "devices"):
+        from hfl.testbed import die_with_parent
+
+        die_with_parent()  # a node launched by `hfl run` / the Testbed
         _setup_logging(args.command)
         from hfl.common.config import ConfigError
 

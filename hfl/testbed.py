@@ -35,18 +35,28 @@ from hfl.common.topology import edge_id
 PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def die_with_parent() -> None:
+    """Run first in a launched node (`HFL_PARENT_PID` set): die with the launcher (PR_SET_PDEATHSIG), and lift the
+    descriptor soft limit to the hard one (one descriptor per emulated device connection, on both ends).
+
+    This runs in the child itself, not as a Popen preexec_fn: a preexec_fn makes Python fork() instead of vfork(),
+    and gRPC's fork handlers then restart its poller in the child while close_fds closes the poller's epoll
+    descriptor, which aborts the child before exec ("epoll_wait error: Bad file descriptor", grpc/grpc#43055)."""
+    parent = os.environ.get("HFL_PARENT_PID")
+    if not parent:
+        return
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     except OSError:
         pass
-    try:  # one descriptor per emulated device connection, on both ends: soft limit up to the hard one
+    if str(os.getppid()) != parent:  # the launcher died before the signal was armed
+        os._exit(143)
+    try:
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft < hard:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     except (ValueError, OSError):
         pass
-    os.setsid()
 
 
 class TestbedError(RuntimeError):
@@ -140,12 +150,12 @@ class Testbed:
         return node
 
     def _launch(self, node: Node, restarted: bool = False) -> None:
-        env = dict(os.environ, PYTHONUNBUFFERED="1", **(self.env or {}))
+        env = dict(os.environ, PYTHONUNBUFFERED="1", HFL_PARENT_PID=str(os.getpid()), **(self.env or {}))
         if restarted:  # a restarted cloud's start-up runs from its own launch
             env.pop("HFL_LAUNCHED_AT", None)
         with open(node.log_path, "ab") as log:
             node.proc = subprocess.Popen(node.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=env, preexec_fn=_die_with_parent)
+                                         env=env, start_new_session=True)  # no preexec_fn: see die_with_parent
         node.started_at = time.monotonic()
 
     def _wait_port(self, node: Node, deadline: float) -> str:

@@ -105,3 +105,21 @@ def test_sigterm_stops_every_process(tmp_path):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "stopping every process" in err
     assert leftovers(str(out)) == []
+
+
+def test_nodes_die_with_a_killed_launcher(tmp_path):
+    """Nodes arm PR_SET_PDEATHSIG themselves (hfl.testbed.die_with_parent; no preexec_fn, see its docstring):
+    kill -9 of `hfl run` must not leave a cloud, edge or device host behind."""
+    proc = subprocess.Popen([sys.executable, "-m", "hfl.cli", "run", "--quiet", "--set", "run.rounds=50",
+                             "--out", str(tmp_path / "r")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while len(psutil.Process(proc.pid).children()) < 4 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        nodes = psutil.Process(proc.pid).children()
+        assert len(nodes) >= 4, "the launcher did not start its nodes"
+    finally:
+        proc.kill()
+        proc.wait()
+    gone, alive = psutil.wait_procs(nodes, timeout=30)
+    assert not alive, f"nodes outlived the launcher: {[p.pid for p in alive]}"

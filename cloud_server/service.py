@@ -99,6 +99,7 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
         self.board = RoundBoard()
         self.round = -1
         self.results: dict[str, EdgeResult] = {}
+        self.persisting: set[str] = set()  # results accepted but not yet on disk (see Submit)
         self.joined = asyncio.Event()
         self.chunk_bytes = cfg.net.chunk_kib * 1024
         self.max_bytes = cfg.net.max_message_mb << 20
@@ -248,8 +249,18 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
         node = envelope.meta.sender_id
         self.bytes_up += size
         result.scalars[BACKHAUL_BYTES] = float(size)  # measured here: the edge's emulated upload time
-        self.results[node] = result
-        await asyncio.get_running_loop().run_in_executor(None, self._persist, self.round, node, result)
+        self.results[node] = result  # claims the slot at once: a concurrent replay is refused
+        # Concurrency hazard: until the result is on disk the round must not count it, or the round driver can finish
+        # the round and delete its pending folder under the executor thread still writing there.
+        self.persisting.add(node)
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, self._persist, self.round, node, result)
+        except BaseException:
+            self.results.pop(node, None)  # never acknowledged: never used
+            raise
+        finally:
+            self.persisting.discard(node)
+            self.live.poke()
         self.live.absent.discard(node)
         self._mark_ready(node)
         return pb.Ack(accepted=True, detail=f"round {self.round} from {node}")
@@ -425,7 +436,7 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
         while True:
             for node in sorted(self.live.expire() & expected - set(self.results)):
                 log.warning("round %d: %s lost for %.0fs; going on without it", r, node, self.live.grace_s)
-            pending = expected - self.live.absent - set(self.results)
+            pending = expected - self.live.absent - (set(self.results) - self.persisting)
             if not pending:
                 return
             if time.monotonic() >= deadline:

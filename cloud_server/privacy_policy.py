@@ -79,7 +79,7 @@ class PrivacyPolicy:
         if self.algorithm.privacy == "aggregator":
             setting = calibration.calibrate_dp_fedavg(rounds=self.cfg.run.rounds, client_rate=p.client_rate,
                                                       clip=p.clip, sizes=sizes, **common)
-            return {"global": self._wavelet_claim(setting, 1)}
+            return {"global": self._wavelet_claim(setting)}
         if self.algorithm.privacy == "sample":
             if p.lot == "fixed":  # one setting per device: the population sampled without replacement is its data
                 return {f"sample/{d}": self._sample_setting(self.device_sizes[d]) for d in self.members[edge]}
@@ -107,7 +107,7 @@ class PrivacyPolicy:
             noise_multiplier=p.noise_multiplier if p.calibration == "noise_multiplier" else None,
             lot=p.lot, dataset_size=population, wavelet=self.wavelet, max_weight=self.max_weight)
 
-    def _wavelet_claim(self, setting: calibration.NoiseSetting, adjacency: float) -> calibration.NoiseSetting:
+    def _wavelet_claim(self, setting: calibration.NoiseSetting) -> calibration.NoiseSetting:
         """DP-FedAvg-WAV in the paper's calibration (clip ||H|| <= S, noise std / W_c): the multiplier really given is
         z / max_c W_c (digest 002 P1); the accountant's figure for z becomes the claim."""
         if self.wavelet != "paper":

@@ -32,8 +32,6 @@ LEVELS = ("sample", "aggregator")
 
 
 def _policy(cfg, tmp: pathlib.Path):
-    import torch
-
     from hfl.cloud_server.privacy_policy import PrivacyPolicy
     from hfl.common import topology
     from hfl.common.data import load_dataset
@@ -43,9 +41,7 @@ def _policy(cfg, tmp: pathlib.Path):
 
     data = load_dataset(cfg.data)
     parts = partition(data.y_train, cfg.num_devices, numpy_rng(cfg.run.seed, "data", "partition"), cfg.data)
-    model = build(cfg.model.name, data.input_shape, data.num_classes)
-    with torch.no_grad():
-        sizes = [p.numel() for p in model.parameters()]
+    sizes = [p.numel() for p in build(cfg.model.name, data.input_shape, data.num_classes).parameters()]
     policy = PrivacyPolicy(cfg, topology.edge_ids(cfg), [len(p) for p in parts], tmp, {}, sizes)
     edge = policy.edges[0]
     plan = dict(policy.cluster_plans(0, policy.participants(0))[edge].params)

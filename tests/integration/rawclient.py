@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import grpc
 import numpy as np
@@ -32,7 +33,7 @@ class RawDevice:
         self.stub = pbg.EdgeServiceStub(self.channel)
         self.id = node_id
         self.num_samples = num_samples
-        discovery = self.stub.Register(pb.RegisterRequest(node_id=""), wait_for_ready=True, timeout=120)
+        discovery = self.discover(deadline=time.monotonic() + 120)
         self.run_id = discovery.run_id
         spec = json.loads(discovery.spec_json)
         self.dim = spec["model_dim"]
@@ -40,6 +41,17 @@ class RawDevice:
             self.num_samples = spec["samples"][int(node_id[4:])]  # the claim the edge checks
         self.token = ""
         self.presence = None
+
+    def discover(self, deadline: float) -> pb.RegisterReply:
+        # An edge answers UNAVAILABLE until it has joined the cloud; wait_for_ready covers only the socket.
+        while True:
+            try:
+                return self.stub.Register(pb.RegisterRequest(node_id=""), wait_for_ready=True,
+                                          timeout=max(1.0, deadline - time.monotonic()))
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
     @property
     def metadata(self):

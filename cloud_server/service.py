@@ -110,6 +110,9 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
         self.tau_gamma: dict | None = None  # summary.json: how tau and gamma were set
         self.controller = None  # control.controller: re-plans each round (cloud_server/controller.py)
         self.fusion: FusionCenter | None = None  # relay algorithms (paper 004): the cloud fuses every device upload
+        self.medium = None  # algorithms on the wireless medium (paper 003): cloud_server/medium.py
+        self.plan: list[pb.Phase] = []  # the round plan in progress
+        self.round_models: dict = {}  # the medium's models of the round (reference device, mean of devices)
 
     def prepare(self) -> None:
         """Load the test set and build the initial model (seeded by the run seed alone)."""
@@ -129,6 +132,10 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
                                        for d in topology.edge_members(self.cfg, topology.edge_index(e))) for e in self.edges}
         if plans.ALGORITHMS.get(self.cfg.run.algorithm).relay:
             self.fusion = FusionCenter(self.cfg, self.dim, self.run_dir)
+        if plans.ALGORITHMS.get(self.cfg.run.algorithm).medium:
+            from .medium import Medium
+
+            self.medium = Medium(self.cfg, self.run_dir, self.dim)
         self.first_round, self.rows = 0, []
         self.startup_seconds: float | None = None
         if self.resume:
@@ -203,6 +210,38 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
         self.bytes_down += size
         await self.board.mark_fetched(round_, request.node_id)
 
+    async def Air(self, request_iterator, context):
+        """The wireless medium: one edge's emissions for an air slot in, what its devices receive out."""
+        try:
+            if self.spec_json is None:
+                raise wire.WireError(grpc.StatusCode.UNAVAILABLE, "the cloud is starting", "not_ready")
+            if self.medium is None:
+                raise wire.WireError(grpc.StatusCode.FAILED_PRECONDITION,
+                                     f"{self.cfg.run.algorithm} does not run on the wireless medium", "no_medium")
+            envelope, size = await wire.read_envelope(request_iterator, self.max_bytes)
+            validate.check_meta(envelope.meta, self.cfg.run.rounds, len(self.plan) or 1)
+            self._authenticate(context, envelope.meta.sender_id)
+            if envelope.meta.run_id != self.run_id:
+                raise wire.WireError(grpc.StatusCode.FAILED_PRECONDITION,
+                                     f"air slot for run {validate.short(envelope.meta.run_id)}", "wrong_run")
+            emission = self.medium.parse(envelope, self.round, self.plan)
+        except wire.WireError as exc:
+            await refuse(context, self.refusals, exc)
+        node = envelope.meta.sender_id
+        self.bytes_up += size
+
+        def expected() -> list[str]:
+            return [e for e in self.edges if e not in self.live.absent and (self.live.sessions.has(e) or e in self.live.lost)]
+
+        reply = await self.medium.air(node, emission, self.round, envelope.meta.step, self.plan, expected,
+                                      self.cfg.net.phase_timeout_s)
+        if reply is None:
+            await context.abort(grpc.StatusCode.INTERNAL, "the medium failed on this slot (see the cloud's log)")
+        payload = reply.SerializeToString()
+        for chunk in wire.to_chunks(payload, self.chunk_bytes):
+            yield chunk
+        self.bytes_down += len(payload)
+
     def _mark_ready(self, node: str) -> None:
         self.ready.add(node)
         if set(self.edges) <= self.ready:
@@ -227,6 +266,11 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
         fused: list = []
         if self.fusion is not None:
             delta, weight, fused = self.fusion.fuse(meta.sender_id, envelope, self.round, 1 << 16)
+        elif self.medium is not None:  # the round's model comes from the medium
+            if envelope.tensors:
+                raise wire.WireError(grpc.StatusCode.INVALID_ARGUMENT, "on the wireless medium an edge submits no "
+                                     "model: the medium holds the round's models", "bad_tensors")
+            delta = np.zeros(0, np.float32)
         else:
             delta, _ = self.backhaul.receive(wire.single_tensor(envelope, "delta"), self.dim, self.cfg.run.seed, idx,
                                              self.round, meta.step)
@@ -369,13 +413,14 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
                 break
             tensor = self.downlink.send(self.w, "model", cfg.run.seed, 0, r, -1)[0]
             plan = plans.build_plan(decision.cfg) if decision is not None else schedule.plan(r)
+            self.plan = list(plan)
             task = pb.RoundTask(round=r, phases=plan, clusters=clusters)
             await self.board.publish(r, pb.Envelope(meta=pb.Meta(run_id=self.run_id, round=r, sender_id="cloud"),
                                                     tensors=[tensor], task=task), self.chunk_bytes)
             if self.startup_seconds is None:
                 self.startup_seconds = launch_to_now()
             await self._await_results(r, cfg.net.phase_timeout_s * (len(plan) + 1))
-            self.w, rejected = self._aggregate(cloud_weights)
+            self.w, rejected = self._aggregate(cloud_weights) if self.medium is None else self._medium_model(r)
             stats = self._round_stats(r, started, round_started)
             stats["aggregate_rejected"] = rejected
             stats.update(self.clock.round(self.results, self.board.size))
@@ -385,6 +430,8 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
             if decision is not None:  # the controller's choice for this round and what it measured
                 stats.update(decision.columns)
                 self.controller.observe(r, self.results, stats)
+            if self.medium is not None:
+                stats.update(self.medium.round_columns(r, self.round_models))
             if self.fusion is not None:
                 stats.update(self.fusion.round_stats(r))
                 self.fusion.log([row for e in sorted(self.results) for row in self.results[e].fused])
@@ -394,7 +441,8 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
                 await self._write_row(*pending, rows, metrics_path)
             self._checkpoint(r, stats)
             shutil.rmtree(self._pending(r), ignore_errors=True)
-            pending = (stats, loop.run_in_executor(executor, self._evaluate, r, self.w.copy()))
+            extra = {k: v for k, v in self.round_models.items() if k in ("reference", "device_mean")}
+            pending = (stats, loop.run_in_executor(executor, self._evaluate, r, self.w.copy(), extra))
             await asyncio.sleep(self.clock.lag(time.monotonic() - started))  # clock.pace
             if not self.results and not any(self.live.sessions.has(e) for e in self.edges):
                 log.error("every edge is gone; stopping")
@@ -479,15 +527,31 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
             return self.w, True
         return new, False
 
-    def _evaluate(self, r: int, w: np.ndarray | None = None) -> dict:
+    def _evaluate(self, r: int, w: np.ndarray | None = None, extra: dict | None = None) -> dict:
+        """The global model's test accuracy and loss; `extra` models (name -> weights) add accuracy_<name>."""
         last = r == self.cfg.run.rounds - 1
         if r % self.cfg.run.eval_every and not last:
             return {"round": r, "accuracy": None, "loss": None, "eval_seconds": 0.0}
         started = time.monotonic()
         accuracy, loss = evaluate(self.model, self.w if w is None else w, self.test)
         diverged = not (np.isfinite(accuracy) and np.isfinite(loss))
-        return {"round": r, "accuracy": accuracy, "loss": loss, "eval_seconds": time.monotonic() - started,
-                "diverged": diverged}
+        row = {"round": r, "accuracy": accuracy, "loss": loss, "diverged": diverged}
+        for name, weights in sorted((extra or {}).items()):
+            row[f"accuracy_{name}"] = evaluate(self.model, weights, self.test)[0] if np.isfinite(weights).all() else None
+        row["eval_seconds"] = time.monotonic() - started
+        return row
+
+    def _medium_model(self, r: int) -> tuple[np.ndarray, bool]:
+        """On the wireless medium the round's model is the ideal global model the medium saw (eq. 11)."""
+        self.round_models = self.medium.take_models(r)
+        ideal = self.round_models.get("ideal")
+        if ideal is None:
+            log.warning("round %d: the medium saw no model transmission; keeping the previous global model", r)
+            return self.w, False
+        if not np.isfinite(ideal).all():
+            self.rejected_aggregates += 1
+            return self.w, True
+        return ideal.astype(np.float32), False
 
     def _round_stats(self, r: int, started: float, round_started: float) -> dict:
         res = self.results.values()
@@ -563,6 +627,8 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
         summary.update(self.clock.summary())
         if self.controller is not None:
             summary["control"] = self.controller.describe()
+        if self.medium is not None:
+            summary["medium"] = self.medium.describe()
         if self.fusion is not None:
             summary["fusion"] = self.fusion.describe()
             claims = [r["epsilon_claimed"] for r in rows if r.get("epsilon_claimed") is not None]

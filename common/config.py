@@ -316,9 +316,26 @@ def validate_cross(config: Config) -> None:
         plans.build_plan(config)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    if config.channel.model != "ideal":
-        raise ConfigError(f"channel.model = {config.channel.model!r}: no round plan runs on the wireless medium yet "
-                          "(issue 9, items 2-3); only \"ideal\" is wired")
+    if algorithm.medium != (config.channel.model != "ideal"):
+        medium = [n for n in plans.ALGORITHMS if plans.ALGORITHMS.get(n).medium]
+        raise ConfigError(f"channel.model = {config.channel.model!r}: " + (
+            f"{algorithm.name} runs on the wireless medium; set channel.model = ota or orthogonal" if algorithm.medium
+            else f"only {', '.join(medium)} run on the wireless medium; {algorithm.name} needs channel.model = ideal"))
+    if algorithm.medium:
+        if config.train.participants:
+            raise ConfigError(f"train.participants: {algorithm.name} decides who transmits by the channel (th1); "
+                              "leave it 0")
+        pipe, default = config.pipeline, PipelineSection()
+        for key in ("clip", "device_noise", "uplink_encoding", "uplink_channel", "aggregate"):
+            if getattr(pipe, key) != getattr(default, key):
+                raise ConfigError(f"pipeline.{key} = {getattr(pipe, key)!r}: {algorithm.name}'s uploads are analog "
+                                  f"over the air, the medium aggregates them; leave it {getattr(default, key)!r}")
+        from hfl.common.channel.plane import plane_for
+
+        try:
+            plane_for(config)
+        except ValueError as exc:
+            raise ConfigError(f"channel.window_radius / channel.lambda_p: {exc}") from None
 
 
 def _check_layer_clips(config: Config) -> None:

@@ -14,9 +14,15 @@ LOCAL_DP_SGD = "local_dp_sgd"  # sample-level DP-SGD steps (paper 002): per-exam
 EDGE_GRADIENT_STEP = "edge_gradient_step"
 EDGE_MODEL_SYNC = "edge_model_sync"
 CLOUD_SYNC = "cloud_sync"
-PHASE_KINDS = (LOCAL_SGD, LOCAL_DP_SGD, EDGE_GRADIENT_STEP, EDGE_MODEL_SYNC, CLOUD_SYNC)
+# over the air (paper 003): a normalised gradient or model per active device, through the medium; param
+# group = 0: the cluster's edge re-broadcasts; 1: the core sums the C clusters (channel.plane)
+AIR_GRADIENT_STEP = "air_gradient_step"
+AIR_MODEL_SYNC = "air_model_sync"
+PHASE_KINDS = (LOCAL_SGD, LOCAL_DP_SGD, EDGE_GRADIENT_STEP, EDGE_MODEL_SYNC, CLOUD_SYNC, AIR_GRADIENT_STEP,
+               AIR_MODEL_SYNC)
 LOCAL_PHASES = (LOCAL_SGD, LOCAL_DP_SGD)
-DEVICE_UPLOAD_PHASES = (EDGE_GRADIENT_STEP, EDGE_MODEL_SYNC)
+AIR_PHASES = (AIR_GRADIENT_STEP, AIR_MODEL_SYNC)
+DEVICE_UPLOAD_PHASES = (EDGE_GRADIENT_STEP, EDGE_MODEL_SYNC) + AIR_PHASES
 
 
 @dataclass(frozen=True)
@@ -35,6 +41,8 @@ class Algorithm:
     fusion: str = ""     # relay: the cloud's fusion rule when precision.fusion = "auto" (quantization.fusion)
     clusters: str = ""   # relay: cluster sizes per round when precision.cluster_mode = "auto"
     noise: str = ""      # a privacy.mechanism forced by the algorithm (the -wav variants: "wavelet")
+    medium: bool = False  # runs on the wireless medium (channel.model ota / orthogonal): devices keep their own
+    #                       estimates across rounds, the cloud's model is the medium's ideal one
 
 
 ALGORITHMS: Registry = Registry("algorithm")
@@ -165,6 +173,39 @@ for _name, _codecs, _fusion, _clusters, _ref in (
          "paper 004 baseline LaplaceSQ-FL (FedHQ-like weights; absolute numbers not reproducible, digest P4)")):
     ALGORITHMS.register(_name, Algorithm(_name, quantized_fl, "devices", "fusion", _ref, relay=True, codecs=_codecs,
                                          fusion=_fusion, clusters=_clusters))
+
+
+def multiairfed(cfg) -> list[pb.Phase]:
+    """MultiAirFed (paper 003, Alg. 1 on the air, digest 2.3): tau intra-cluster OTA gradient slots, each device
+    stepping with its own estimate of the cluster's mean gradient; gamma local steps; one inter-cluster OTA model
+    slot whose estimate is each device's model for the next round."""
+    return ([phase(AIR_GRADIENT_STEP, lr=cfg.train.lr, group=0)] * cfg.train.tau
+            + [phase(LOCAL_SGD, lr=cfg.train.lr, steps=cfg.train.gamma), phase(AIR_MODEL_SYNC, group=1),
+               phase(CLOUD_SYNC)])
+
+
+def hierfed_ota(cfg) -> list[pb.Phase]:
+    """HierFed on the air (paper 003's baseline, digest 10.12): tau x (gamma local steps + intra-cluster OTA model
+    aggregation), then gamma local steps + the inter-cluster step: tau + 1 slots, as MultiAirFed."""
+    local = phase(LOCAL_SGD, lr=cfg.train.lr, steps=cfg.train.gamma)
+    return ([local, phase(AIR_MODEL_SYNC, group=0)] * cfg.train.tau
+            + [local, phase(AIR_MODEL_SYNC, group=1), phase(CLOUD_SYNC)])
+
+
+def fedsgd(cfg) -> list[pb.Phase]:
+    """FedSGD (McMahan et al. 2017; paper 003's baseline, digest 10.12): tau + gamma global gradient steps, each the
+    mean over the active devices of all C clusters. A closing inter-cluster model slot gives the cloud a model
+    to evaluate (on orthogonal links every device already holds that model: the slot changes nothing)."""
+    return ([phase(AIR_GRADIENT_STEP, lr=cfg.train.lr, group=1)] * (cfg.train.tau + cfg.train.gamma)
+            + [phase(AIR_MODEL_SYNC, group=1), phase(CLOUD_SYNC)])
+
+
+ALGORITHMS.register("multiairfed", Algorithm("multiairfed", multiairfed, "devices", "devices",
+                                             "paper 003, Algorithm 1 (MultiAirFed)", medium=True))
+ALGORITHMS.register("hierfed-ota", Algorithm("hierfed-ota", hierfed_ota, "devices", "devices",
+                                             "paper 003 baseline HierFed (model averaging at both levels)", medium=True))
+ALGORITHMS.register("fedsgd", Algorithm("fedsgd", fedsgd, "devices", "devices",
+                                        "paper 003 baseline FedSGD (McMahan et al. 2017)", medium=True))
 
 
 def build_plan(cfg) -> list[pb.Phase]:

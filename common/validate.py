@@ -82,6 +82,12 @@ SCALARS.register("clipped", ScalarSpec(0.0, 1e9, "uploads a trusted edge clipped
 SCALARS.register("samples_processed", ScalarSpec(0.0, 1e12, "samples a device trained on since its previous upload "
                                                              "(emulated compute time; the edge infers it from the plan "
                                                              "when absent)"))
+# over the air (paper 003): a device's payload normalisation (eqs. 12-13) and a fingerprint of its model
+SCALARS.register("air_mu", ScalarSpec(-1e12, 1e12, "mean of the sender's payload before normalisation (air phases)"))
+SCALARS.register("air_sigma", ScalarSpec(1e-30, 1e12, "standard deviation of the sender's payload (air phases)"))
+SCALARS.register("model_sum", ScalarSpec(-1e15, 1e15, "sum of the sender's model weights (air phases: devices hold "
+                                                      "their own estimates)"))
+SCALARS.register("air_dropped", ScalarSpec(0.0, 1e7, "devices that failed the downlink test th0 this round"))
 SCALARS.register("clock_seconds", ScalarSpec(0.0, 1e12, "emulated seconds of the cluster's device phases this round"))
 SCALARS.register("device_joules", ScalarSpec(0.0, 1e15, "emulated energy of the cluster's devices this round"))
 SCALARS.register("edge_joules", ScalarSpec(0.0, 1e15, "emulated energy of the edge's broadcasts this round"))

@@ -92,6 +92,18 @@ def decode_vector(tensor: pb.Tensor, expected_len: int) -> np.ndarray:
     return vec
 
 
+def decode_array(tensor: pb.Tensor, shape: list[int]) -> np.ndarray:
+    """Decode a float32 array of exactly `shape`, refusing other encodings and non-finite values."""
+    if tensor.encoding != "float32" or list(tensor.shape) != list(shape):
+        raise WireError(grpc.StatusCode.INVALID_ARGUMENT,
+                        f"tensor {tensor.name!r}: {tensor.encoding!r} of shape {list(tensor.shape)}, expected float32 "
+                        f"{list(shape)}", "bad_shape")
+    arr = CODECS.get("float32").decode(tensor)
+    if not np.isfinite(arr).all():
+        raise WireError(grpc.StatusCode.INVALID_ARGUMENT, f"tensor {tensor.name!r}: non-finite values", "non_finite")
+    return arr
+
+
 def single_tensor(envelope: pb.Envelope, name: str) -> pb.Tensor:
     found = [t for t in envelope.tensors if t.name == name]
     if len(found) != 1 or len(envelope.tensors) != 1:

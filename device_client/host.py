@@ -81,6 +81,13 @@ class Device:
         self.diverged = 0  # rounds whose local training ended non-finite (sat out, nothing sent)
         self.reconnects = 0
         self.rejoin = False  # the first registration is a plain one unless the run is already under way
+        self.medium = plans.ALGORITHMS.get(cfg.run.algorithm).medium
+        self.plane = None
+        if self.medium:
+            from hfl.common.channel.plane import plane_for
+
+            self.plane = plane_for(cfg)
+        self.own_w: np.ndarray | None = None  # on the medium: this device's own estimate of the global model
 
     def _gen(self, round_: int, step: int) -> torch.Generator:
         return torch_generator(self.cfg.run.seed, "device", self.index, round_, step, "batches")
@@ -166,6 +173,8 @@ class Device:
     async def _round(self, task: pb.RoundTask, envelope: pb.Envelope) -> None:
         dim = self.dim
         w, _ = self.downlink.receive(wire.single_tensor(envelope, "model"), dim, self.cfg.run.seed, self.index, task.round, -1)
+        if self.medium and self.own_w is not None:
+            w = self.own_w.copy()  # paper 003: a device starts each round from its own estimate of the last downlink
         anchor = w.copy()
         losses: list[float] = []
         batch = self.cfg.train.batch_size
@@ -179,7 +188,12 @@ class Device:
         sample_dp: list = []  # DP-SGD events of the local phases since the last upload, sent with it
         for step, phase in enumerate(task.phases):
             p = phase.params
-            if phase.kind == plans.LOCAL_SGD:
+            if self.medium and not self._in_air_round(task, step):
+                continue  # failed the downlink test th0 earlier in the round: sits out the rest of it
+            if phase.kind in plans.AIR_PHASES:
+                w = await self._air(task, step, w, losses)
+                losses = [] if phase.kind == plans.AIR_MODEL_SYNC else losses
+            elif phase.kind == plans.LOCAL_SGD:
                 start = w
                 steps = int(p["steps"]) if "steps" in p else None
                 epochs = int(p["epochs"]) if "epochs" in p else None
@@ -230,6 +244,53 @@ class Device:
                     anchor = w.copy()
                 losses = []
             # cloud_sync: nothing to do on a device; the next round task carries the new global model
+        if self.medium:
+            self.own_w = w
+
+    def _in_air_round(self, task: pb.RoundTask, step: int) -> bool:
+        from hfl.common.channel import plane as air
+
+        return bool(air.listeners(self.plane, task.phases, task.round, step)[self.index])
+
+    async def _air(self, task: pb.RoundTask, step: int, w: np.ndarray, losses: list) -> np.ndarray:
+        """One air phase (paper 003, digest 2.3): send the normalised gradient or model if the channel makes this
+        device active in the slot, else only listen; estimate from what this device itself received."""
+        from hfl.common.channel import plane as air
+
+        phase = task.phases[step]
+        group = phase.params.get("group", 0.0) == 1.0
+        scalars = {"model_sum": float(np.sum(w, dtype=np.float64))}
+        transmits = air.activity(self.plane, task.phases, task.round, step)[self.index]
+        if phase.kind == plans.AIR_GRADIENT_STEP:
+            payload, loss = await self.trainer.run(minibatch_gradient, w, self.shard, self.cfg.train.batch_size,
+                                                   self._gen(task.round, step))
+            losses.append(loss)
+        else:
+            payload = w
+        if losses:
+            scalars["train_loss"] = float(np.mean(losses))
+        meta = pb.Meta(run_id=self.run_id, round=task.round, phase=phase.kind, step=step, sender_id=self.id,
+                       num_samples=len(self.shard), num_devices=1, attempt=task.attempt)
+        envelope = pb.Envelope(meta=meta, scalars=scalars)
+        if transmits:
+            bar, mu, sigma = air.normalise(payload[None, :])
+            envelope.scalars.update(air_mu=float(mu[0]), air_sigma=float(sigma[0]))
+            envelope.tensors.append(wire.encode(bar[0].astype(np.float32), "float32", "air"))
+        reply = await self._exchange(envelope)
+        n_active = reply.scalars.get("n_active", 0.0)
+        if n_active < 1 or not air.passes_th0(self.plane, task.round, step, [self.index])[0]:
+            return w  # nothing to estimate from, or the downlink test failed: no update (digest 10.11)
+        shape = [self.dim] if self.plane.exact else [2, self.dim]
+        row = wire.decode_array(wire.single_tensor(reply, "air"), shape)
+        s = reply.scalars
+        est = air.device_estimates(self.plane, row[None], [self.index], task.round, step, n_active, s["E"],
+                                   s["sigma_sum"], s["mu_mean"], self.plane.C if group else 1, s["psi"],
+                                   phase.kind == plans.AIR_GRADIENT_STEP)[0]
+        if not np.isfinite(est).all():
+            return w
+        if phase.kind == plans.AIR_GRADIENT_STEP:
+            return w - np.float32(phase.params["lr"]) * est
+        return est
 
 
     def _private_delta(self, delta: np.ndarray, cplan: dict, task: pb.RoundTask, step: int):

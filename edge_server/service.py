@@ -55,6 +55,9 @@ class Barrier:
     aborted: bool = False
     reply: list[pb.Chunk] = field(default_factory=list)
     reply_size: int = 0
+    replies: dict[str, tuple[list[pb.Chunk], int]] = field(default_factory=dict)  # air phases: each device its own
+    expected: set[str] | None = None  # air phases: the members the channel lets take part (None: every member)
+    failed: str = ""  # air phases: why the medium gave nothing back (the members sit the round out)
 
 
 class EdgeServer(pbg.EdgeServiceServicer, Guarded):
@@ -99,6 +102,8 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
         self.relayed: list[bytes] = []
         self.betas: list[float] = []
         self.cluster_plan = pb.ClusterPlan()
+        self.plane = None  # channel.plane.Plane on the wireless medium (paper 003)
+        self.air_dropped: set[str] = set()
         self.joined = asyncio.Event()
         self.stop = asyncio.Event()
 
@@ -211,6 +216,8 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
         if node in barrier.contributions:
             raise wire.WireError(grpc.StatusCode.ALREADY_EXISTS,
                                  f"{node} already contributed to round {meta.round} phase {meta.step}", "replay")
+        if barrier.kind in plans.AIR_PHASES:
+            return barrier, self._validate_air(envelope, barrier)
         name = "gradient" if barrier.kind == plans.EDGE_GRADIENT_STEP else "delta"
         # the channel's draw is the sender's own (keyed by the device, not by this edge)
         vec, _ = self.uplink.receive(wire.single_tensor(envelope, name), self.dim, self.cfg.run.seed,
@@ -220,6 +227,37 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
         q = next((t.params["q_measured"] for t in meta.transforms if t.stage == "encode" and "q_measured" in t.params), None)
         raw = envelope.SerializeToString() if self.relay else b""
         return barrier, Contribution(vec, self.samples[node], scalars, dp, q, raw)
+
+    def _validate_air(self, envelope: pb.Envelope, barrier: Barrier) -> Contribution:
+        """An air upload: a normalised payload with its (mu, sigma) from a device the channel makes active in the
+        slot, nothing but scalars from one that only listens (paper 003, eq. 15; digest 2.3)."""
+        from hfl.common.channel import plane as air
+
+        node, meta = envelope.meta.sender_id, envelope.meta
+        slot = air.slot_id(meta.round, meta.step)
+        if barrier.expected is not None and node not in barrier.expected:
+            raise wire.WireError(grpc.StatusCode.FAILED_PRECONDITION,
+                                 f"{node} failed the downlink test th0 earlier in round {meta.round}: it sits out the "
+                                 "rest of the round", "air_dropped")
+        scalars = validate.check_scalars(envelope.scalars, node)
+        active = bool(air.activity(self.plane, self.plan, meta.round, meta.step)[topology.device_index(node)])
+        if not envelope.tensors:
+            if active:
+                raise wire.WireError(grpc.StatusCode.INVALID_ARGUMENT, f"{node} is active in slot {slot} "
+                                     "(|f|^2 >= th1): it must transmit its normalised payload", "air_missing_payload")
+            return Contribution(None, self.samples[node], scalars)
+        if not active:
+            raise wire.WireError(grpc.StatusCode.FAILED_PRECONDITION, f"{node} is not active in slot {slot} "
+                                 "(|f|^2 < th1 to its edge): it may only listen", "air_not_active")
+        if "air_mu" not in scalars or "air_sigma" not in scalars:
+            raise wire.WireError(grpc.StatusCode.INVALID_ARGUMENT, "an air payload needs its air_mu and air_sigma "
+                                 "(payload normalisation, paper 003 eqs. 12-13)", "air_scalars")
+        vec = wire.decode_array(wire.single_tensor(envelope, "air"), [self.dim])
+        mean, std = float(vec.mean(dtype=np.float64)), float(vec.std(dtype=np.float64))
+        if abs(mean) > 1e-3 or abs(std - 1.0) > 1e-3:
+            raise wire.WireError(grpc.StatusCode.INVALID_ARGUMENT, f"air payload of {node} is not normalised (mean "
+                                 f"{mean:.3g}, std {std:.3g}; expected 0 and 1)", "air_not_normalised")
+        return Contribution(vec, self.samples[node], scalars)
 
     async def Exchange(self, request_iterator, context):
         # A refused message changes nothing, not even for the member it claims to come from: it may still
@@ -246,9 +284,12 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
         if barrier.aborted:
             await context.abort(grpc.StatusCode.ABORTED,
                                 f"{self.id} restarted round {self.round} for its cluster: fetch the new attempt")
-        for chunk in barrier.reply:
+        if barrier.failed:
+            await context.abort(grpc.StatusCode.ABORTED, barrier.failed)
+        chunks, size = barrier.replies.get(node, (barrier.reply, barrier.reply_size))
+        for chunk in chunks:
             yield chunk
-        self.bytes_down += barrier.reply_size
+        self.bytes_down += size
 
     def _withdraw(self, meta: pb.Meta) -> None:
         """A member whose own upload was refused says it sits out the rest of the round: stop waiting for it."""
@@ -292,6 +333,10 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
         self.edge_weights = plans.weights_rule(self.cfg, "edge")
         self.relay = plans.ALGORITHMS.get(self.cfg.run.algorithm).relay
         self.clock = EdgeClock(self.cfg, self.index, self.members, self.samples)
+        if plans.ALGORITHMS.get(self.cfg.run.algorithm).medium:
+            from hfl.common.channel.plane import plane_for
+
+            self.plane = plane_for(self.cfg)
         log.info("%s joined run %s: %d devices expected, model dim %d", self.id, self.run_id, len(self.members), self.dim)
         await self.server.ready()
         return reply
@@ -395,8 +440,17 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
         self.q_uplink = []
         self.relayed = []
         self.betas: list[float] = []
+        self.air_dropped = set()
         comm_steps = [i for i, p in enumerate(self.plan) if p.kind in plans.DEVICE_UPLOAD_PHASES]
         self.barriers = {i: Barrier(i, self.plan[i].kind) for i in comm_steps}
+        if self.plane is not None:
+            from hfl.common.channel import plane as air
+
+            for i in air.air_steps(self.plan):
+                mask = air.listeners(self.plane, self.plan, task.round, i)
+                self.barriers[i].expected = {m for m in self.members if mask[topology.device_index(m)]}
+                self.air_dropped |= {m for m in self.members if not air.alive(self.plane, self.plan, task.round, i)[
+                    topology.device_index(m)]}
         self.active_step = comm_steps[0] if comm_steps else None
         device_task = pb.RoundTask(round=task.round, phases=task.phases, attempt=self.attempt)
         everyone = self.participants == set(self.members)
@@ -426,7 +480,10 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
                     log.warning("%s: lost devices %s came back: restarting round %d", self.id,
                                 sorted(self.live.returned & self.round_members), task.round)
                     return None
-                cluster_w = self._aggregate(barrier, cluster_w, phase, step, task.round)
+                if phase.kind in plans.AIR_PHASES:
+                    await self._air(barrier, phase, step, task.round)
+                else:
+                    cluster_w = self._aggregate(barrier, cluster_w, phase, step, task.round)
                 members_used = set(barrier.contributions)
             elif phase.kind == plans.CLOUD_SYNC:
                 return cluster_w, members_used, step
@@ -440,9 +497,16 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
                 log.warning("dropping %s from round %d: lost for %.0fs", node, self.round, self.live.grace_s)
             lost = set(self.live.lost) & self.round_members - self.out
             returned = self.live.returned & self.round_members
+            if returned and self.plane is not None:
+                # on the air a cluster cannot replay its slots alone (they are shared with the other clusters):
+                # a member that comes back takes part from the next round
+                self.out |= returned - self.out
+                self.live.returned -= returned
+                returned = set()
             if returned and not lost:
                 return RESTART
-            pending = self.round_members - self.out - set(barrier.contributions)
+            expected = self.round_members if barrier.expected is None else self.round_members & barrier.expected
+            pending = expected - self.out - set(barrier.contributions)
             if not pending and not returned:
                 return COMPLETE
             if time.monotonic() >= deadline:
@@ -490,6 +554,57 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
         barrier.released.set()
         return cluster_w
 
+    async def _air(self, barrier: Barrier, phase: pb.Phase, step: int, round_: int) -> None:
+        """Hand the cluster's emissions of an air slot to the medium (the cloud's Air service) and give each member
+        what it received; an edge whose members all sat out still takes part, so the medium never waits for it."""
+        nodes = sorted(barrier.contributions)
+        emission = pb.Envelope(meta=pb.Meta(run_id=self.run_id, round=round_, phase=phase.kind, step=step,
+                                            sender_id=self.id, num_devices=len(nodes)))
+        for n in nodes:
+            c = barrier.contributions[n]
+            emission.scalars[f"listen:{n}"] = c.scalars.get("model_sum", 0.0)
+            if "train_loss" in c.scalars:
+                self.losses.append(c.scalars["train_loss"])
+            if c.vec is not None:
+                emission.tensors.append(wire.encode(c.vec, "float32", n))
+                emission.scalars[f"mu:{n}"] = c.scalars["air_mu"]
+                emission.scalars[f"sigma:{n}"] = c.scalars["air_sigma"]
+        chunks = list(wire.chunked(emission, self.chunk_bytes))
+
+        async def call():
+            stream = self.cloud.stub.Air(iter(chunks), metadata=self.cloud.metadata)
+            return (await wire.read_envelope(stream, self.max_bytes))[0]
+
+        later = [st for st in self.barriers if st > step]
+        try:
+            reply = await self._cloud_call(call, f"air slot of round {round_} phase {step}")
+            shape = [self.dim] if self.plane.exact else [2, self.dim]
+            rows = {t.name: t for t in reply.tensors}
+            for n in nodes:
+                if n not in rows:
+                    raise wire.WireError(grpc.StatusCode.INTERNAL, f"the medium sent nothing for {n}", "air_reply")
+                wire.decode_array(rows[n], shape)
+        except (grpc.aio.AioRpcError, wire.WireError) as exc:
+            detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+            barrier.failed = f"the medium gave nothing back for round {round_} phase {step}: {detail}"
+            log.error("%s: %s", self.id, barrier.failed)
+            self.out |= set(nodes)
+            self.active_step = later[0] if later else None
+            barrier.released.set()
+            return
+        for n in nodes:
+            tensor = pb.Tensor()
+            tensor.CopyFrom(rows[n])
+            tensor.name = "air"
+            out = pb.Envelope(meta=pb.Meta(run_id=self.run_id, round=round_, phase=phase.kind, step=step,
+                                           sender_id=self.id, num_devices=len(nodes)),
+                              tensors=[tensor], scalars=dict(reply.scalars))
+            payload = out.SerializeToString()
+            barrier.replies[n] = (list(wire.to_chunks(payload, self.chunk_bytes)), len(payload))
+        self.active_step = later[0] if later else None
+        self.clock.air_phase(step, barrier.contributions, self.plane, self.dim)
+        barrier.released.set()
+
     def _private_aggregate(self, contributions: list[Contribution], weights: list, nodes: list[str], phase: pb.Phase,
                            step: int, round_: int) -> np.ndarray:
         """Aggregate as the round plan says: a trusted edge enforces the clip bound on each upload and adds one
@@ -526,7 +641,7 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
 
     async def _submit(self, task: pb.RoundTask, step: int, delta: np.ndarray, members: set[str]) -> None:
         seed = self.cfg.run.seed
-        if self.relay:
+        if self.relay or self.plane is not None:  # relayed uploads / the medium holds the round's model
             tensors, transforms = [], []
         else:
             tensor, transforms = self.backhaul.send(delta, "delta", seed, self.index, task.round, step)
@@ -543,6 +658,8 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
             scalars["q_uplink"] = float(np.mean(self.q_uplink))
         if self.betas:
             scalars["beta_estimate"] = float(max(self.betas))
+        if self.plane is not None:
+            scalars["air_dropped"] = float(len(self.air_dropped & members))
         scalars.update(self.clock.report())
         self.bytes_up = self.bytes_down = 0
         self.restarts = self.rejoined = self.clipped = 0

@@ -261,6 +261,11 @@ class CloudServiceStub(object):
                 request_serializer=hfl_dot_proto_dot_hfl__v1__pb2.PresenceRequest.SerializeToString,
                 response_deserializer=hfl_dot_proto_dot_hfl__v1__pb2.PresenceEvent.FromString,
                 _registered_method=True)
+        self.Air = channel.stream_stream(
+                '/hfl.v1.CloudService/Air',
+                request_serializer=hfl_dot_proto_dot_hfl__v1__pb2.Chunk.SerializeToString,
+                response_deserializer=hfl_dot_proto_dot_hfl__v1__pb2.Chunk.FromString,
+                _registered_method=True)
 
 
 class CloudServiceServicer(object):
@@ -291,6 +296,14 @@ class CloudServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Air(self, request_iterator, context):
+        """The wireless medium (paper 003): an edge hands in its cluster's over-the-air emissions for one slot;
+        the reply, sent once every collaborating edge's emissions are in, carries what each listed device receives.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CloudServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -313,6 +326,11 @@ def add_CloudServiceServicer_to_server(servicer, server):
                     servicer.Presence,
                     request_deserializer=hfl_dot_proto_dot_hfl__v1__pb2.PresenceRequest.FromString,
                     response_serializer=hfl_dot_proto_dot_hfl__v1__pb2.PresenceEvent.SerializeToString,
+            ),
+            'Air': grpc.stream_stream_rpc_method_handler(
+                    servicer.Air,
+                    request_deserializer=hfl_dot_proto_dot_hfl__v1__pb2.Chunk.FromString,
+                    response_serializer=hfl_dot_proto_dot_hfl__v1__pb2.Chunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -424,6 +442,33 @@ class CloudService(object):
             '/hfl.v1.CloudService/Presence',
             hfl_dot_proto_dot_hfl__v1__pb2.PresenceRequest.SerializeToString,
             hfl_dot_proto_dot_hfl__v1__pb2.PresenceEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Air(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/hfl.v1.CloudService/Air',
+            hfl_dot_proto_dot_hfl__v1__pb2.Chunk.SerializeToString,
+            hfl_dot_proto_dot_hfl__v1__pb2.Chunk.FromString,
             options,
             channel_credentials,
             insecure,

@@ -13,11 +13,11 @@ from hfl.common.config import ConfigError, choice, doc
 @dataclass(frozen=True)
 class ChannelSection:
     model: str = choice("ideal", ("ideal", "orthogonal", "ota"), "device <-> edge medium: ideal digital, "
-                        "orthogonal (interference-free, exact averages over the OTA active sets), ota (paper 003)")
+                        "orthogonal (interference-free, exact averages over the OTA active sets), ota (paper 003); "
+                        "the run's topology.edges are the C collaborating clusters of topology.devices_per_edge "
+                        "devices (M), the plane's other clusters are simulated interferers")
     lambda_p: float = doc(20.0, "edge-server density per km^2 (paper 003 Table I)", min=0.0)
-    devices_per_cluster: int = doc(15, "M: devices per collaborating cluster", min=1)
     interferer_devices: int = doc(15, "M_n: devices per non-collaborating (interferer) cluster", min=0)
-    collaborating: int = doc(3, "C: clusters of the same task (reference + C-1 nearest)", min=1)
     R: float = doc(30.0, "cluster radius R in metres", min=0.0)
     r0: float = doc(4.0, "protective-zone radius r0 in metres", min=0.0)
     window_radius: float = doc(1000.0, "radius of the simulated plane in metres (digest 10.8: >= 1 km)", min=0.0)
@@ -29,6 +29,10 @@ class ChannelSection:
     sigma_d2: float = doc(10.0, "mean downlink fading gain")
     sigma_en2: float = doc(4e-15, "noise power per entry at the edge (W; paper unspecified, digest 10.14)")
     sigma_dn2: float = doc(4e-15, "noise power per entry at the device (W)")
+    receiver: str = choice("unbiased", ("unbiased", "mmse", "mmse-gradients"),
+                           "devices' receive factor theta: mmse = paper 003 eqs. 27 / 35 for every slot (on a model it "
+                           "shrinks the weights toward their mean every round); unbiased = sum sigma / |A| (zero-forcing); "
+                           "mmse-gradients = eq. 27 on gradient slots, unbiased on model slots")
     psi_mode: str = choice("corrected", ("paper", "corrected", "empirical"), "received-power term Psi (digest 10.2)")
     fading: str = choice("complex", ("complex", "real"), "complex baseband Rayleigh, or real amplitude with a sign")
     interferers: str = choice("explicit", ("explicit", "aggregate", "independent"),

@@ -76,11 +76,9 @@ def device_distances(cfg) -> np.ndarray:
     rng = numpy_rng(cfg.run.seed, "cloud", 0, 0, "clock", mode)
     if mode == "ring":
         return np.sqrt(ch.r0 ** 2 + rng.random(n) * (ch.R ** 2 - ch.r0 ** 2))
-    from .geometry import matern_cluster
+    from .plane import plane_for  # the plane the medium uses
 
-    plane = matern_cluster(ch.lambda_p_per_m2, cfg.topology.devices_per_edge, ch.r0, ch.R, ch.window_radius,
-                           cfg.topology.edges, rng, interferer_devices=ch.interferer_devices)
-    return np.linalg.norm(plane.offsets[:n], axis=1)
+    return np.linalg.norm(plane_for(cfg).topology.offsets[:n], axis=1)
 
 
 def device_cpu_hz(cfg) -> np.ndarray:
@@ -102,7 +100,7 @@ def planned_samples(phases, prev_step: int, step: int, n: int, batch: int) -> in
             total += int(p["epochs"]) * n if "epochs" in p else int(p.get("steps", 0)) * b
         elif phase.kind == plans.LOCAL_DP_SGD:  # expected lot size q n per step
             total += int(round(int(phase.params["steps"]) * float(phase.params["q"]) * n))
-        elif phase.kind == plans.EDGE_GRADIENT_STEP:
+        elif phase.kind in (plans.EDGE_GRADIENT_STEP, plans.AIR_GRADIENT_STEP):
             total += b
     return total
 
@@ -193,6 +191,39 @@ class EdgeClock:
         self.device_j += float(joules.sum())
         self.last_upload.update((n, step) for n in nodes)
         self._broadcast(step, nodes, reply_bytes)
+
+    def air_phase(self, step: int, contributions, plane, dim: int) -> None:
+        """An air slot (paper 003, eq. 36): the slowest participant's compute, the uplink slot d / W, for the
+        inter-cluster step (group = 1) the received signal up the backhaul and the sum back (64 d bits each way,
+        complex64), and the downlink slot d / W. A transmitter spends |p_y|^2 d / W (its per-entry power over
+        the slot; E|p|^2 = P_u), the edge P_d d / W; every participant its compute energy."""
+        from . import ota
+        from .power import inversion_coefficient
+
+        nodes = sorted(contributions)
+        if not nodes:
+            return
+        samples = [planned_samples(self.phases, self.last_upload.get(n, -1), step, self.samples[n], self.batch)
+                   for n in nodes]
+        cpu = [self.cpu_hz[n] for n in nodes]
+        compute = clock.compute_time(samples, self.p.cycles_per_sample, cpu)
+        t_slot = clock.ota_slot_time(dim, self.p.bandwidth_hz)
+        group = self.phases[step].params.get("group", 0.0) == 1.0
+        backhaul = 2 * float(clock.backhaul_time(64 * dim, self.p.backhaul_rate_bps)) if group else 0.0
+        self.seconds += clock.phase_time(compute) + 2 * t_slot + backhaul
+        tx = np.array([self.node[n] for n in nodes if contributions[n].vec is not None], dtype=np.int64)
+        if tx.size:
+            top = plane.topology
+            f = ota.own_uplink_fading(top, slot(self.round, step), plane.seed, tx, plane.params)
+            p = inversion_coefficient(f, np.linalg.norm(top.offsets[tx], axis=1), plane.rho, plane.params.alpha,
+                                      np.ones(tx.size, dtype=bool))
+            self.device_j += float(clock.transmit_energy(np.abs(p) ** 2, t_slot).sum())
+        cycles = clock.compute_cycles(samples, self.p.cycles_per_sample)
+        self.device_j += float(np.sum(clock.compute_energy(cycles, cpu, self.p.kappa)))
+        self.edge_j += float(clock.transmit_energy(plane.params.P_d, t_slot))
+        self.step_s = max(self.step_s, float(np.max(clock.compute_time(self.batch, self.p.cycles_per_sample, cpu))))
+        self.upload_s = max(self.upload_s, t_slot)
+        self.last_upload.update((n, step) for n in nodes)
 
     def _broadcast(self, step: int, nodes: list[str], nbytes: int) -> None:
         if not nodes:

@@ -10,8 +10,7 @@ from hfl.common.config import ConfigError, _build
 def test_defaults_are_valid_and_match_table_I():
     c, k = ChannelSection(), ClockSection()
     validate_channel(dataclasses.replace(c, model="ota"), k)
-    assert (c.lambda_p, c.r0, c.R, c.alpha, c.th0, c.th1, c.collaborating, c.devices_per_cluster) == \
-        (20.0, 4.0, 30.0, 4.0, 0.01, 0.5, 3, 15)
+    assert (c.lambda_p, c.r0, c.R, c.alpha, c.th0, c.th1, c.interferer_devices) == (20.0, 4.0, 30.0, 4.0, 0.01, 0.5, 15)
     p = c.ota_params()
     assert p.sigma_d2 == 10.0 and p.P_u == 1.0 and c.lambda_p_per_m2 == pytest.approx(2e-5)
     assert k.cycles_per_sample * 60 / k.cpu_hz == pytest.approx(0.05)  # paper 003: t_CM = 0.05 s per step

@@ -70,7 +70,7 @@ def test_the_shipped_smoke_spec_is_valid_and_small():
     ("colour = 1", "unknown key 'colour' in the sweep spec; allowed keys: name, description, config"),
     ("[report]\nfield = ['x']", "unknown key 'field' in [report]; allowed keys: fields, curves, x, group_by"),
     ("[grid]\n'train.lrr' = [0.1]", "unknown key 'train.lrr'; allowed keys in [train]: lr, batch_size"),
-    ("[variants.v]\n'run.algorithm' = 'fedsgd'", "cell v (variants.v): bad value for run.algorithm: 'fedsgd'; allowed: "),
+    ("[variants.v]\n'run.algorithm' = 'fedavg'", "cell v (variants.v): bad value for run.algorithm: 'fedavg'; allowed: "),
     ("[base]\n'run.rounds' = 0", "run.rounds"),
     ("[grid]\n'train.lr' = 0.1", "[grid] train.lr must be a non-empty list of values"),
     ("[grid]\n'train.lr' = []", "[grid] train.lr must be a non-empty list"),

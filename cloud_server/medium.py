@@ -1,0 +1,270 @@
+"""The wireless medium, hosted by the cloud (paper 003; DESIGN: wireless medium): the one place that sees every
+transmission of an air slot. Each collaborating edge hands in its cluster's emissions (the Air RPC); once every
+expected edge is in, or net.phase_timeout_s has passed, the slot closes, channel.medium.air_slot computes what
+every listed device receives, and each edge gets its own devices' rows. A late emission finds the slot closed.
+
+At the round's final inter-cluster model slot the medium also holds the round's models for evaluation: the
+ideal global model (the exact mean of the transmitted models, eq. 11), the reference device's estimate
+(device 0 of the reference cluster, Theorem 1) and the mean of every device's estimate (digest 10.10).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import pathlib
+import time
+from dataclasses import dataclass, field
+
+import grpc
+import numpy as np
+
+from hfl.common import metrics, plans, topology, wire
+from hfl.common.channel import medium as medium_fn
+from hfl.common.channel import ota
+from hfl.common.channel import plane as air
+from hfl.common.seeding import numpy_rng
+from hfl.proto import hfl_v1_pb2 as pb
+
+log = logging.getLogger("hfl.medium")
+
+NORMALISED_TOL = 1e-3  # |mean| and |std - 1| of a normalised payload (float32 round-off is ~1e-7)
+
+
+@dataclass
+class Emission:
+    tx: list[str]
+    payloads: np.ndarray  # [len(tx), d]
+    mu: list[float]
+    sigma: list[float]
+    listen: list[str]
+    model_sums: dict[str, float]
+
+
+@dataclass
+class Slot:
+    emissions: dict[str, Emission] = field(default_factory=dict)
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    closing: bool = False
+    replies: dict[str, pb.Envelope] = field(default_factory=dict)
+
+
+def _refuse(code: grpc.StatusCode, message: str, reason: str) -> wire.WireError:
+    return wire.WireError(code, message, reason)
+
+
+class Medium:
+    def __init__(self, cfg, run_dir: pathlib.Path, dim: int):
+        self.cfg = cfg
+        self.dim = dim
+        self.plane = air.plane_for(cfg)
+        self.edges = topology.edge_ids(cfg)
+        self.slots: dict[tuple[int, int], Slot] = {}
+        self.psi_mean, self.psi_count = 0.0, 0
+        self.stats: dict[int, list[dict]] = {}
+        self.models: dict[int, dict] = {}
+        self.distinct: dict[int, int] = {}
+        self.seconds = 0.0  # wall time spent computing slots (the benchmark's share of the round)
+        top = self.plane.topology
+        metrics.write_json(run_dir / "topology.json", {**top.to_json(), "channel": cfg.channel.model,
+                                                       "rho": self.plane.rho, "psi": self.plane.psi,
+                                                       "psi_mode": self.plane.psi_mode, "beta": self.plane.beta,
+                                                       "run_devices": [topology.device_id(i) for i in
+                                                                       top.collaborating_devices.tolist()]})
+        try:
+            from hfl.common.channel.topology_plot import draw_topology
+
+            draw_topology(top, run_dir / "topology.png")
+        except Exception:  # a plot must never cost the run
+            log.exception("could not draw topology.png")
+        log.info("medium: %s plane, %d edges (%d collaborating), %d devices; rho %.3g, Psi %.3g (%s), beta %.3g",
+                 cfg.channel.model, top.n_edges, top.collaborating, top.n_devices, self.plane.rho, self.plane.psi,
+                 self.plane.psi_mode, self.plane.beta)
+
+    # ---- one edge's emission ------------------------------------------------------------------
+    def parse(self, envelope: pb.Envelope, round_: int, phases) -> Emission:
+        """Check an edge's emissions for slot (round_, meta.step); raises WireError and changes nothing."""
+        meta = envelope.meta
+        edge = meta.sender_id
+        if meta.round != round_:
+            raise _refuse(grpc.StatusCode.FAILED_PRECONDITION, f"air slot of round {meta.round}; the medium is in "
+                          f"round {round_}", "wrong_round")
+        if meta.step >= len(phases) or phases[meta.step].kind not in plans.AIR_PHASES or meta.phase != phases[meta.step].kind:
+            raise _refuse(grpc.StatusCode.FAILED_PRECONDITION, f"phase {meta.step} ({meta.phase!r}) is not an air "
+                          f"phase of round {round_}", "wrong_phase")
+        slot = self.slots.get((round_, meta.step))
+        if slot is not None and slot.closing:
+            raise _refuse(grpc.StatusCode.FAILED_PRECONDITION, f"air slot of round {round_} phase {meta.step} is "
+                          "closed (it went on without this edge)", "slot_closed")
+        if slot is not None and edge in slot.emissions:
+            raise _refuse(grpc.StatusCode.ALREADY_EXISTS, f"{edge} already emitted in round {round_} phase "
+                          f"{meta.step}", "replay")
+        members = set(topology.edge_members(self.cfg, topology.edge_index(edge)))
+        scalars = dict(envelope.scalars)
+        if len(scalars) > 4 * len(members) or len(envelope.tensors) > len(members):
+            raise _refuse(grpc.StatusCode.INVALID_ARGUMENT, "more emissions than the cluster has devices", "bad_air")
+        listen, mu, sigma, sums = [], {}, {}, {}
+        for key, value in scalars.items():
+            kind, _, node = key.partition(":")
+            if node not in members or kind not in ("listen", "mu", "sigma"):
+                raise _refuse(grpc.StatusCode.INVALID_ARGUMENT, f"air scalar {key[:80]!r}: expected listen:, mu: or "
+                              f"sigma: and a device of {edge}", "bad_air")
+            if not np.isfinite(value) or (kind == "sigma" and not value > 0):
+                raise _refuse(grpc.StatusCode.INVALID_ARGUMENT, f"air scalar {key} = {value!r}", "bad_air")
+            {"listen": sums, "mu": mu, "sigma": sigma}[kind][node] = float(value)
+        listen = sorted(sums)
+        mask_listen = air.listeners(self.plane, phases, round_, meta.step)
+        active = air.activity(self.plane, phases, round_, meta.step)
+        for node in listen:
+            if not mask_listen[topology.device_index(node)]:
+                raise _refuse(grpc.StatusCode.FAILED_PRECONDITION, f"{node} failed th0 earlier in round {round_}",
+                              "air_dropped")
+        tx, rows = [], []
+        for tensor in envelope.tensors:
+            node = tensor.name
+            if node not in sums or node in tx or node not in mu or node not in sigma:
+                raise _refuse(grpc.StatusCode.INVALID_ARGUMENT, f"air payload {node[:80]!r}: not a listed device of "
+                              f"{edge}, repeated, or without mu: and sigma:", "bad_air")
+            if not active[topology.device_index(node)]:
+                raise _refuse(grpc.StatusCode.FAILED_PRECONDITION, f"{node} is not active in slot "
+                              f"{air.slot_id(round_, meta.step)}", "air_not_active")
+            vec = wire.decode_array(tensor, [self.dim])
+            if abs(vec.mean(dtype=np.float64)) > NORMALISED_TOL or abs(vec.std(dtype=np.float64) - 1) > NORMALISED_TOL:
+                raise _refuse(grpc.StatusCode.INVALID_ARGUMENT, f"air payload of {node} is not normalised", "bad_air")
+            tx.append(node)
+            rows.append(vec)
+        if set(mu) - set(tx) or set(sigma) - set(tx):
+            raise _refuse(grpc.StatusCode.INVALID_ARGUMENT, "mu:/sigma: for a device that sent no payload", "bad_air")
+        payloads = np.stack(rows) if rows else np.zeros((0, self.dim), np.float32)
+        return Emission(tx, payloads, [mu[n] for n in tx], [sigma[n] for n in tx], listen, sums)
+
+    async def air(self, edge: str, emission: Emission, round_: int, step: int, phases, expected, timeout: float
+                  ) -> pb.Envelope | None:
+        """Add `edge`'s emission to its slot and wait until the slot closes; `expected()` names the edges still
+        worth waiting for (live, not given up)."""
+        key = (round_, step)
+        slot = self.slots.setdefault(key, Slot())
+        slot.emissions[edge] = emission
+        slot.arrived.set()
+        if not slot.closing and (set(expected()) <= set(slot.emissions)):
+            await self._close(key, slot, phases)
+        else:
+            deadline = time.monotonic() + timeout
+            while not slot.done.is_set() and not slot.closing:
+                slot.arrived.clear()
+                try:
+                    await asyncio.wait_for(slot.arrived.wait(), min(0.5, max(0.0, deadline - time.monotonic())))
+                except asyncio.TimeoutError:
+                    pass
+                if slot.closing or slot.done.is_set():
+                    break
+                if set(expected()) <= set(slot.emissions) or time.monotonic() >= deadline:
+                    if time.monotonic() >= deadline:
+                        log.warning("air slot %s: going on without %s", key,
+                                    sorted(set(expected()) - set(slot.emissions)))
+                    await self._close(key, slot, phases)
+                    break
+            await slot.done.wait()
+        return slot.replies.get(edge)  # None: the computation failed (logged)
+
+    async def _close(self, key, slot: Slot, phases) -> None:
+        slot.closing = True
+        slot.arrived.set()
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, self._compute, key, slot, phases)
+        except Exception:  # noqa: BLE001 - every waiting edge must be answered
+            log.exception("air slot %s failed", key)
+        finally:
+            slot.done.set()
+            for old in [k for k in self.slots if k[0] < key[0] - 1]:
+                del self.slots[old]
+
+    def _compute(self, key, slot: Slot, phases) -> None:
+        started = time.monotonic()
+        round_, step = key
+        phase = phases[step]
+        group = phase.params.get("group", 0.0) == 1.0
+        edges = sorted(slot.emissions)
+        tx = [n for e in edges for n in slot.emissions[e].tx]
+        listen = [n for e in edges for n in slot.emissions[e].listen]
+        payloads = np.concatenate([slot.emissions[e].payloads for e in edges]) if edges else np.zeros((0, self.dim))
+        mu = [m for e in edges for m in slot.emissions[e].mu]
+        sigma = [s for e in edges for s in slot.emissions[e].sigma]
+        idx = lambda nodes: np.array([topology.device_index(n) for n in nodes], dtype=np.int64)  # noqa: E731
+        psi = self.psi_mean if (self.plane.psi_mode == "empirical" and self.psi_count) else self.plane.psi
+        rng = numpy_rng(self.cfg.run.seed, "cloud", 0, round_, step, "medium")
+        alive = air.alive(self.plane, phases, round_, step)
+        res = medium_fn.air_slot(self.plane, round_, step, group, payloads, idx(tx), mu, sigma, idx(listen), alive,
+                                 rng, psi)
+        if self.plane.psi_mode == "empirical" and res.psi_samples.size:
+            self.psi_mean, self.psi_count = ota.running_mean(self.psi_mean, self.psi_count, res.psi_samples)
+        active = air.activity(self.plane, phases, round_, step)
+        collab_alive = alive[self.plane.collaborating()]
+        row = dict(res.stats)
+        row.update(step=step, psi=psi, active_expected=int(active[self.plane.collaborating()].sum()),
+                   activity_rate=float(len(tx) / max(1, collab_alive.sum())))
+        self.stats.setdefault(round_, []).append(row)
+        if round_ not in self.distinct:
+            sums = [v for e in edges for v in slot.emissions[e].model_sums.values()]
+            self.distinct[round_] = len(set(sums))
+        at = {n: i for i, n in enumerate(listen)}
+        for e in edges:
+            mine = slot.emissions[e].listen
+            out = pb.Envelope(meta=pb.Meta(round=round_, step=step, phase=phase.kind, sender_id="medium"))
+            for n in mine:
+                out.tensors.append(wire.encode(res.rows[at[n]], "float32", n))
+            if mine:
+                first = at[mine[0]]
+                out.scalars.update(n_active=float(res.n_active[first]), E=float(res.E[first]),
+                                   sigma_sum=float(res.sigma_sum[first]), mu_mean=float(res.mu_mean[first]), psi=psi)
+            slot.replies[e] = out
+        if phase.kind == plans.AIR_MODEL_SYNC and group and step == air.air_steps(phases)[-1]:
+            self._round_models(round_, step, res, psi)
+        self.seconds += time.monotonic() - started
+
+    def _round_models(self, round_: int, step: int, res, psi: float) -> None:
+        est, ok = medium_fn.estimates(self.plane, res, round_, step, True, psi)
+        models: dict = {"ideal": res.ideal}
+        if ok.any():
+            good = est[ok]
+            mean = good.astype(np.float64).mean(axis=0)
+            models["device_mean"] = mean.astype(np.float32)
+            spread = np.sqrt(np.mean((good - mean) ** 2, axis=1)).mean() / max(1e-12, float(np.sqrt(np.mean(mean ** 2))))
+            models["spread"] = float(spread)
+            ref_cluster = (self.plane.topology.device_edge[res.listeners] == 0) & ok
+            if ref_cluster.any():
+                i = int(np.flatnonzero(ref_cluster)[0])
+                models["reference"] = est[i]
+                models["reference_device"] = topology.device_id(int(res.listeners[i]))
+        self.models[round_] = models
+
+    # ---- per-round figures --------------------------------------------------------------------
+    def round_columns(self, round_: int, models: dict) -> dict:
+        rows = self.stats.pop(round_, [])
+        out = {"air_slots": len(rows), "air_transmitters": int(sum(r["air_transmitters"] for r in rows)),
+               "air_active_expected": int(sum(r["active_expected"] for r in rows)),
+               "air_missing": int(sum(r.get("missing_transmitters", 0) for r in rows)),
+               "activity_rate": float(np.mean([r["activity_rate"] for r in rows])) if rows else None,
+               "device_models_distinct": self.distinct.pop(round_, None),
+               "model_spread": models.get("spread"), "reference_device": models.get("reference_device"),
+               "medium_seconds": self.seconds}
+        if rows and not self.plane.exact:
+            out.update(received_power=float(np.mean([r["received_power"] for r in rows])),
+                       interference_power=float(np.mean([r["interference_power"] for r in rows])),
+                       downlink_interference_power=float(np.mean([r["downlink_interference_power"] for r in rows])),
+                       psi_used=float(rows[-1]["psi"]))
+        self.seconds = 0.0
+        return out
+
+    def take_models(self, round_: int) -> dict:
+        return self.models.pop(round_, {})
+
+    def describe(self) -> dict:
+        top = self.plane.topology
+        return {"model": self.cfg.channel.model, "edges_in_plane": top.n_edges, "collaborating": top.collaborating,
+                "devices_in_plane": top.n_devices, "rho": self.plane.rho, "psi_mode": self.plane.psi_mode,
+                "psi_closed_form": self.plane.psi, "psi_empirical": self.psi_mean if self.psi_count else None,
+                "beta": self.plane.beta, "interferers": self.cfg.channel.interferers,
+                "evaluated": "accuracy: the ideal global model (exact mean of the transmitted models, eq. 11); "
+                             "accuracy_reference: device 0 of the reference cluster (Theorem 1); "
+                             "accuracy_device_mean: the mean of every device's estimate"}

@@ -1,0 +1,104 @@
+"""One air slot of the run as a pure function: what the medium computes from every collaborating cluster's
+emissions (paper 003, digest 2.3 steps 2.3-2.8 and 4-7).
+
+OTA: the uplink superposes every transmitter of the plane at every collaborating edge (ota.medium_slot,
+interferer clusters simulated), each edge re-broadcasts its received signal normalised by E = rho |A_x| + Psi
+(group = 0) or every edge of the group broadcasts the core's sum normalised by E = rho |A| + C Psi
+(group = 1), and every listed device receives the superposition of all edges (ota.medium_broadcast).
+Orthogonal: every device receives the exact mean of its cluster's (group = 0) or the group's (group = 1)
+active payloads, de-normalised.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import ota
+from .plane import Plane, device_estimates, passes_th0, slot_id
+
+
+@dataclass
+class SlotResult:
+    rows: np.ndarray          # [n_listen, 2, d] float32 (re, im) on OTA links; [n_listen, d] exact means
+    listeners: np.ndarray     # plane device of each row
+    n_active: np.ndarray      # per listener: |A_x| (group 0) or |A| (group 1)
+    E: np.ndarray             # per listener: the power its edge normalised by (1 on orthogonal links)
+    sigma_sum: np.ndarray     # per listener: sum of sigma over the active set it estimates
+    mu_mean: np.ndarray       # per listener: mean of mu over that set
+    stats: dict = field(default_factory=dict)
+    psi_samples: np.ndarray = field(default_factory=lambda: np.zeros(0))  # ||v_u||^2 / d - rho |A| per edge
+    ideal: np.ndarray | None = None  # the exact mean of the transmitted vectors (eqs. 6 / 11)
+
+
+def air_slot(plane: Plane, round_: int, step: int, group: bool, payloads: np.ndarray, tx, mu, sigma, listen,
+             alive: np.ndarray, rng: np.random.Generator, psi: float | None = None) -> SlotResult:
+    """payloads: [n_tx, d] normalised rows of the transmitting devices `tx` (plane indices), with their
+    (mu, sigma); listen: the plane devices that receive. `alive` masks the plane devices still in the round
+    (activity is decided among them); `psi` overrides the plane's closed form (empirical mode)."""
+    top = plane.topology
+    tx = np.asarray(tx, dtype=np.int64).reshape(-1)
+    listen = np.asarray(listen, dtype=np.int64).reshape(-1)
+    mu = np.asarray(mu, dtype=np.float64).reshape(-1)
+    sigma = np.asarray(sigma, dtype=np.float64).reshape(-1)
+    payloads = np.asarray(payloads, dtype=np.float32).reshape(tx.size, -1)
+    d = payloads.shape[1]
+    psi = plane.psi if psi is None else float(psi)
+    C = plane.C
+    cluster_of_tx = top.device_edge[tx]
+    cluster_of_listener = top.device_edge[listen]
+    counts = np.bincount(cluster_of_tx, minlength=C)[:C].astype(np.float64)
+    sig = np.bincount(cluster_of_tx, weights=sigma, minlength=C)[:C]
+    mus = np.bincount(cluster_of_tx, weights=mu, minlength=C)[:C]
+    ideal = None
+    if tx.size:
+        true = payloads.astype(np.float64) * sigma[:, None] + mu[:, None]
+        ideal = true.mean(axis=0).astype(np.float32)
+    if group:
+        n_active = np.full(listen.size, counts.sum())
+        sigma_sum, mu_mean = np.full(listen.size, sig.sum()), np.full(listen.size, mus.sum() / max(1.0, counts.sum()))
+    else:
+        n_active = counts[cluster_of_listener]
+        sigma_sum = sig[cluster_of_listener]
+        mu_mean = mus[cluster_of_listener] / np.maximum(1.0, n_active)
+    stats = {"air_transmitters": int(tx.size), "air_listeners": int(listen.size)}
+    if plane.exact:
+        if ideal is None:
+            means = np.zeros((C, d), np.float32)
+        else:
+            true = payloads.astype(np.float64) * sigma[:, None] + mu[:, None]
+            sums = np.zeros((C, d))
+            np.add.at(sums, cluster_of_tx, true)
+            means = (sums / np.maximum(counts, 1.0)[:, None]).astype(np.float32)
+        rows = np.repeat(ideal[None, :], listen.size, axis=0) if group and ideal is not None else means[cluster_of_listener]
+        return SlotResult(rows.astype(np.float32), listen, n_active, np.ones(listen.size), sigma_sum, mu_mean, stats,
+                          ideal=ideal)
+
+    slot = slot_id(round_, step)
+    rec = ota.medium_slot(payloads, tx, top, slot, plane.seed, plane.params, rng, receivers=np.arange(C), alive=alive)
+    psi_samples = ota.psi_sample(rec.received, rec.n_active, plane.rho)
+    if group:
+        E = ota.edge_power(plane.rho, rec.n_active.sum(), psi, C)
+        signals = ota.edge_transmit(np.repeat(rec.received.sum(axis=0, keepdims=True), C, axis=0), plane.params.P_d, E)
+        E_listen = np.full(listen.size, float(E))
+    else:
+        E_edges = ota.edge_power(plane.rho, np.maximum(rec.n_active, 1), psi)
+        signals = ota.edge_transmit(rec.received, plane.params.P_d, E_edges)
+        E_listen = E_edges[cluster_of_listener]
+    down = ota.medium_broadcast(signals, np.arange(C), listen, top, slot, plane.seed, plane.params, rng)
+    rows = np.stack([down.received.real, down.received.imag], axis=1).astype(np.float32)
+    stats.update(received_power=float(rec.signal_power.mean()), interference_power=float(rec.interference_power.mean()),
+                 interferers_active=rec.interferers_active, missing_transmitters=int(rec.missing.size),
+                 downlink_interference_power=float(down.interference_power.mean()) if listen.size else 0.0)
+    return SlotResult(rows, listen, n_active, E_listen, sigma_sum, mu_mean, stats, psi_samples, ideal)
+
+
+def estimates(plane: Plane, result: SlotResult, round_: int, step: int, group: bool, psi: float,
+              gradient: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Every listener's estimate and whether it passed th0 (the medium's view of what each device computes)."""
+    if result.listeners.size == 0:
+        return np.zeros((0, result.rows.shape[-1]), np.float32), np.zeros(0, dtype=bool)
+    ok = passes_th0(plane, round_, step, result.listeners) & (result.n_active >= 1)
+    est = device_estimates(plane, result.rows, result.listeners, round_, step, np.maximum(result.n_active, 1),
+                           result.E, result.sigma_sum, result.mu_mean, plane.C if group else 1, psi, gradient)
+    return est, ok

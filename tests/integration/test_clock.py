@@ -11,9 +11,10 @@ def clock_rows(tb):
     return [tuple(r[k] for k in CLOCK) for r in tb.metrics()]
 
 
-@pytest.mark.parametrize("algorithm", ["hierfavg", "qhetfed"])
+@pytest.mark.parametrize("algorithm", ["hierfavg", "qhetfed", "multiairfed"])
 def test_emulated_time_and_energy_grow_every_round(hfl_testbed, algorithm):
-    tb = hfl_testbed(overrides=FAST + [f"run.algorithm={algorithm}"])
+    medium = ["channel.model=ota"] if algorithm == "multiairfed" else []
+    tb = hfl_testbed(overrides=FAST + [f"run.algorithm={algorithm}"] + medium)
     summary = tb.wait(timeout=300)
     rows = tb.metrics()
     assert len(rows) == 3 and all(r["devices"] == 6 for r in rows)

@@ -1,0 +1,256 @@
+"""The run's plane, one air slot as the medium computes it, the medium's checks of an edge's emissions, and the
+air-slot clock (paper 003; channel.plane, channel.medium, cloud_server.medium, round_clock.EdgeClock.air_phase)."""
+import dataclasses
+from types import SimpleNamespace
+
+import grpc
+import numpy as np
+import pytest
+
+from hfl.cloud_server.medium import Medium
+from hfl.common import config as config_mod
+from hfl.common import plans, wire
+from hfl.common.channel import ota
+from hfl.common.channel import medium as medium_fn
+from hfl.common.channel import plane as air
+from hfl.common.channel.round_clock import EdgeClock, slot
+from hfl.proto import hfl_v1_pb2 as pb
+
+BASE = ["topology.edges=3", "topology.devices_per_edge=4", "channel.model=ota", "run.algorithm=multiairfed",
+        "train.tau=3", "train.gamma=1"]
+
+
+def _cfg(*extra):
+    return config_mod.load(None, BASE + list(extra))
+
+
+def _quiet(plane, receiver="unbiased"):
+    params = dataclasses.replace(plane.params, interference=False, noise=False)
+    return dataclasses.replace(plane, params=params, receiver=receiver)
+
+
+def test_the_runs_edges_are_the_collaborating_clusters_of_a_seeded_plane():
+    cfg = _cfg()
+    plane = air.plane_for(cfg)
+    top = plane.topology
+    assert top.collaborating == 3 and top.n_edges > 3  # interferer clusters fill the 1 km window
+    assert np.array_equal(top.device_edge[:12], np.repeat(np.arange(3), 4))  # dev-k of the run is plane device k
+    assert np.all(top.device_edge[12:] >= 3)
+    assert np.array_equal(air.plane_for(_cfg()).topology.devices, top.devices)  # any process draws the same plane
+    assert not np.array_equal(air.plane_for(_cfg("run.seed=1")).topology.edges, top.edges)
+    assert plane.rho == pytest.approx(ota.rho_for(top, plane.params))
+    assert plane.psi == pytest.approx(ota.psi_corrected(20e-6, 4, 1.0, 4.0, 4.0, 4e-15))
+
+
+def _slot_inputs(plane, phases, round_, step, d=200, seed=0, equal_sigma=False):
+    active = air.activity(plane, phases, round_, step)
+    tx = np.flatnonzero(active[:12])
+    rng = np.random.default_rng(seed)
+    true = rng.normal(0.3, 1.0, (tx.size, d)) * (1.0 if equal_sigma else rng.uniform(0.5, 2.0, (tx.size, 1)))
+    if equal_sigma:
+        true = (true - true.mean(axis=1, keepdims=True)) / true.std(axis=1, keepdims=True) * 0.7 + rng.normal(
+            0, 1, (tx.size, 1))
+    bar, mu, sigma = air.normalise(true)
+    return tx, true, bar, mu, sigma
+
+
+@pytest.mark.parametrize("group", [False, True])
+def test_orthogonal_slot_gives_every_device_the_exact_mean_of_its_active_set(group):
+    cfg = _cfg("channel.model=orthogonal")
+    plane = air.plane_for(cfg)
+    phases = plans.build_plan(cfg)
+    step = air.air_steps(phases)[-1] if group else 0
+    tx, true, bar, mu, sigma = _slot_inputs(plane, phases, 0, step)
+    listen = np.arange(12)
+    res = medium_fn.air_slot(plane, 0, step, group, bar, tx, mu, sigma, listen, air.alive(plane, phases, 0, step),
+                             np.random.default_rng(0))
+    cluster = plane.topology.device_edge
+    for i, dev in enumerate(listen):
+        chosen = np.ones(tx.size, bool) if group else cluster[tx] == cluster[dev]
+        np.testing.assert_allclose(res.rows[i], true[chosen].mean(axis=0), rtol=1e-5, atol=1e-5)
+        assert res.n_active[i] == chosen.sum()
+    np.testing.assert_allclose(res.ideal, true.mean(axis=0), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("group", [False, True])
+def test_ota_chain_without_interference_and_noise_reproduces_eqs_6_and_11(group):
+    """Uplink inversion, the edge's (or the core's) power normalisation by the shared E, the downlink and the
+    device's estimator: with equal sigma the unbiased receiver returns the exact mean (eq. 21 -> eq. 6)."""
+    cfg = _cfg()
+    plane = _quiet(air.plane_for(cfg))
+    phases = plans.build_plan(cfg)
+    step = air.air_steps(phases)[-1] if group else 0
+    tx, true, bar, mu, sigma = _slot_inputs(plane, phases, 0, step, equal_sigma=True)
+    listen = np.arange(12)
+    res = medium_fn.air_slot(plane, 0, step, group, bar, tx, mu, sigma, listen, air.alive(plane, phases, 0, step),
+                             np.random.default_rng(0))
+    est, ok = medium_fn.estimates(plane, res, 0, step, group, plane.psi)
+    cluster = plane.topology.device_edge
+    for i, dev in enumerate(listen):
+        chosen = np.ones(tx.size, bool) if group else cluster[tx] == cluster[dev]
+        if ok[i]:
+            np.testing.assert_allclose(est[i], true[chosen].mean(axis=0), rtol=1e-4, atol=1e-4)
+    assert ok.sum() >= 10
+
+
+def test_mmse_receiver_is_eq_27_and_shrinks():
+    cfg = _cfg("channel.receiver=mmse")
+    plane = _quiet(air.plane_for(cfg), "mmse")
+    phases = plans.build_plan(cfg)
+    tx, true, bar, mu, sigma = _slot_inputs(plane, phases, 0, 0, equal_sigma=True)
+    res = medium_fn.air_slot(plane, 0, 0, False, bar, tx, mu, sigma, np.arange(12), air.alive(plane, phases, 0, 0),
+                             np.random.default_rng(0))
+    est = air.device_estimates(plane, res.rows[:1], [0], 0, 0, res.n_active[:1], res.E[:1], res.sigma_sum[:1],
+                               res.mu_mean[:1], 1, plane.psi, True)[0]
+    f_o = ota.own_downlink_fading(plane.topology, slot(0, 0), plane.seed, [0], plane.params)
+    dist = np.linalg.norm(plane.topology.offsets[[0]], axis=1)
+    theta = ota.receive_factor(res.sigma_sum[0], res.n_active[0], plane.beta,
+                               ota.downlink_gain(f_o, dist, 4.0), plane.psi / plane.rho)
+    mine = plane.topology.device_edge[tx] == 0
+    exact = true[mine].mean(axis=0)
+    shrink = float(theta[0] / (res.sigma_sum[0] / res.n_active[0]))
+    assert 0 < shrink < 1
+    np.testing.assert_allclose(est - res.mu_mean[0], shrink * (exact - res.mu_mean[0]), rtol=1e-3, atol=1e-4)
+
+
+def test_a_device_that_fails_th0_sits_out_the_round_but_hears_the_final_model():
+    cfg = _cfg("channel.th0=1.0")  # |f_o|^2 ~ Exp(mean 10): fails with probability 1 - e^-0.1 ~ 9.5%
+    plane = air.plane_for(cfg)
+    phases = plans.build_plan(cfg)
+    steps = air.air_steps(phases)
+    for round_ in range(50):
+        fails = ~air.passes_th0(plane, round_, steps[0], np.arange(12))
+        if fails.any():
+            break
+    dev = int(np.flatnonzero(fails)[0])
+    assert air.alive(plane, phases, round_, steps[0])[dev]
+    for step in steps[1:-1]:
+        assert not air.alive(plane, phases, round_, step)[dev]
+        assert not air.listeners(plane, phases, round_, step)[dev]
+        assert not air.activity(plane, phases, round_, step)[dev]
+    assert air.listeners(plane, phases, round_, steps[-1])[dev] and not air.activity(plane, phases, round_, steps[-1])[dev]
+    assert air.alive(plane, phases, round_, steps[-1])[12:].all()  # interferers never drop
+    orth = air.plane_for(_cfg("channel.th0=1.0", "channel.model=orthogonal"))
+    assert air.passes_th0(orth, round_, steps[0], np.arange(12)).all()  # ideal downlink
+
+
+def _emission(cfg, medium, round_, step, edge=0, tweak=None):
+    phases = plans.build_plan(cfg)
+    plane = medium.plane
+    active = air.activity(plane, phases, round_, step)
+    members = [4 * edge + k for k in range(4)]
+    env = pb.Envelope(meta=pb.Meta(run_id="r", round=round_, step=step, phase=phases[step].kind,
+                                   sender_id=f"edge-{edge:03d}"))
+    rng = np.random.default_rng(step)
+    for k in members:
+        node = f"dev-{k:05d}"
+        env.scalars[f"listen:{node}"] = 0.0
+        if active[k]:
+            bar, _, _ = air.normalise(rng.normal(size=(1, medium.dim)))
+            env.tensors.append(wire.encode(bar[0].astype(np.float32), "float32", node))
+            env.scalars[f"mu:{node}"] = 0.1
+            env.scalars[f"sigma:{node}"] = 0.5
+    if tweak:
+        tweak(env, active, members)
+    return env, phases
+
+
+def _code(fn):
+    with pytest.raises(wire.WireError) as err:
+        fn()
+    return err.value.code
+
+
+def test_the_medium_refuses_bad_emissions_and_closed_slots(tmp_path):
+    cfg = _cfg()
+    medium = Medium(cfg, tmp_path, dim=64)
+    assert (tmp_path / "topology.json").exists() and (tmp_path / "topology.png").stat().st_size > 0
+    env, phases = _emission(cfg, medium, 0, 0)
+    emission = medium.parse(env, 0, phases)
+    assert set(emission.listen) == {f"dev-{k:05d}" for k in range(4)}
+
+    def inactive_payload(env, active, members):
+        idle = [k for k in members if not active[k]]
+        node = f"dev-{idle[0]:05d}"
+        env.tensors.append(wire.encode(np.zeros(64, np.float32), "float32", node))
+        env.scalars[f"mu:{node}"], env.scalars[f"sigma:{node}"] = 0.0, 1.0
+
+    def nan_sigma(env, active, members):
+        env.scalars[next(k for k in env.scalars if k.startswith("sigma:"))] = float("nan")
+
+    def loud(env, active, members):
+        env.tensors[0].data = (np.frombuffer(env.tensors[0].data, np.float32) * 3).tobytes()
+
+    def stranger(env, active, members):
+        env.scalars["listen:dev-00007"] = 0.0  # a device of edge-001
+
+    step = next(s for s in air.air_steps(phases)
+                if not air.activity(medium.plane, phases, 0, s)[:4].all())  # a slot with an idle device
+    assert _code(lambda: medium.parse(_emission(cfg, medium, 0, step, tweak=inactive_payload)[0], 0, phases)) \
+        == grpc.StatusCode.FAILED_PRECONDITION
+    for tweak in (nan_sigma, loud, stranger):
+        assert _code(lambda: medium.parse(_emission(cfg, medium, 0, 0, tweak=tweak)[0], 0, phases)) \
+            == grpc.StatusCode.INVALID_ARGUMENT
+    assert _code(lambda: medium.parse(env, 1, phases)) == grpc.StatusCode.FAILED_PRECONDITION  # wrong round
+    local = phases.index(next(p for p in phases if p.kind == plans.LOCAL_SGD))
+    env.meta.step = local
+    assert _code(lambda: medium.parse(env, 0, phases)) == grpc.StatusCode.FAILED_PRECONDITION  # not an air phase
+    env.meta.step = 0
+
+    import asyncio
+
+    async def close_slot():
+        emissions = [medium.parse(_emission(cfg, medium, 0, 0, edge=e)[0], 0, phases) for e in range(3)]
+        replies = await asyncio.gather(*(medium.air(f"edge-{e:03d}", emissions[e], 0, 0, phases,
+                                                    lambda: [f"edge-{i:03d}" for i in range(3)], 30) for e in range(3)))
+        return replies
+
+    replies = asyncio.run(close_slot())
+    for e, reply in enumerate(replies):
+        assert sorted(t.name for t in reply.tensors) == [f"dev-{4 * e + k:05d}" for k in range(4)]
+        assert reply.scalars["n_active"] >= 1 and reply.scalars["E"] > 0
+    assert _code(lambda: medium.parse(env, 0, phases)) == grpc.StatusCode.FAILED_PRECONDITION  # slot closed
+    cols = medium.round_columns(0, {})
+    assert cols["air_slots"] == 1 and cols["air_transmitters"] == cols["air_active_expected"]
+
+
+def test_air_slot_clock_on_a_hand_computed_case():
+    cfg = _cfg("clock.cpu_spread=0")
+    plane = air.plane_for(cfg)
+    phases = plans.build_plan(cfg)
+    members = [f"dev-{k:05d}" for k in range(4)]
+    ec = EdgeClock(cfg, 0, members, {m: 100 for m in members})
+    ec.start(0, phases, [], 0)
+    active = air.activity(plane, phases, 0, 0)
+    d = 1000
+    contributions = {m: SimpleNamespace(vec=np.zeros(d) if active[k] else None, scalars={})
+                     for k, m in enumerate(members)}
+    ec.air_phase(0, contributions, plane, d)
+    b = cfg.train.batch_size
+    compute = b * cfg.clock.cycles_per_sample / cfg.clock.cpu_hz  # one mini-batch per device
+    assert ec.seconds == pytest.approx(compute + 2 * d / 1e6)
+    tx = np.flatnonzero(active[:4])
+    f = ota.own_uplink_fading(plane.topology, slot(0, 0), plane.seed, tx, plane.params)
+    p2 = plane.rho * np.linalg.norm(plane.topology.offsets[tx], axis=1) ** 4 / np.abs(f) ** 2
+    cycles = b * cfg.clock.cycles_per_sample
+    expected = p2.sum() * d / 1e6 + 4 * cfg.clock.kappa * cfg.clock.cpu_hz ** 2 * cycles
+    assert ec.device_j == pytest.approx(expected)
+    assert ec.edge_j == pytest.approx(1.0 * d / 1e6)
+    before = ec.seconds
+    ec.air_phase(4, contributions, plane, d)  # the inter-cluster slot: backhaul up and down
+    # steps 1-4 since the last upload: two gradient slots and one local step, three mini-batches
+    assert ec.seconds - before == pytest.approx(3 * compute + 2 * d / 1e6 + 2 * 64 * d / 1e8)
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["run.algorithm=multiairfed"], "set channel.model = ota or orthogonal"),
+    (["run.algorithm=hierfavg", "channel.model=ota"], "needs channel.model = ideal"),
+    (BASE + ["pipeline.clip=clip_l2"], "pipeline.clip"),
+    (BASE + ["train.participants=2"], "train.participants"),
+    (BASE + ["channel.alpha=2"], "channel.alpha"),
+    (BASE + ["channel.r0=40"], "channel.r0"),
+    (BASE + ["channel.window_radius=50", "channel.lambda_p=1"], "channel.window_radius"),
+])
+def test_bad_medium_configs_name_the_key(overrides, key):
+    with pytest.raises(config_mod.ConfigError, match=key.replace(".", r"\.")):
+        config_mod.load(None, overrides)

@@ -629,6 +629,9 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
             summary["control"] = self.controller.describe()
         if self.medium is not None:
             summary["medium"] = self.medium.describe()
+            for name in ("reference", "device_mean"):  # the paper reports the reference device (Theorem 1)
+                values = [r.get(f"accuracy_{name}") for r in evaluated if r.get(f"accuracy_{name}") is not None]
+                summary[f"final_accuracy_{name}"] = values[-1] if values else None
         if self.fusion is not None:
             summary["fusion"] = self.fusion.describe()
             claims = [r["epsilon_claimed"] for r in rows if r.get("epsilon_claimed") is not None]

@@ -1,6 +1,11 @@
-"""Benchmark (not a test). Run: python benchmarks/bench_medium.py [--repeats N] [--d D]
+"""Benchmark (not a test). Run: python benchmarks/bench_medium.py [--repeats N] [--d D] [--testbed ROUNDS]
 
-Time per OTA slot of the medium's pure functions for 60 devices in 6 collaborating clusters (M = 10)
+--testbed: a real run (multiairfed over the air, 6 edges x 10 devices, mnist-cnn: d = 28,938, the plane's
+interferer clusters, one host process per core): the medium's compute time per slot and its share of the
+round's wall time (the cloud's `medium_seconds` column against `round_seconds`), median over the rounds after
+the first.
+
+Without it: time per OTA slot of the medium's pure functions for 60 devices in 6 collaborating clusters (M = 10)
 plus the non-collaborating interferer clusters of a 1 km plane at 20 edges per km^2 (M_n = 15), model
 size d = 30,000: the uplink superposition (medium_slot) and the simultaneous downlink to the 60 devices
 (medium_broadcast), for each interferer mode. Median over repeats, one slot index per repeat.
@@ -47,11 +52,36 @@ def bench(d: int, repeats: int, mode: str, seed: int = 0) -> dict:
             "emulated_slot_s": d / 1e6}
 
 
+def testbed(rounds: int) -> dict:
+    import pathlib
+    import tempfile
+
+    from hfl.testbed import Testbed
+
+    overrides = ["run.algorithm=multiairfed", "channel.model=ota", "topology.edges=6", "topology.devices_per_edge=10",
+                 f"run.rounds={rounds}", "train.tau=2", "train.gamma=2", "model.name=mnist-cnn",
+                 "data.max_test_samples=500", "net.phase_timeout_s=300"]
+    with tempfile.TemporaryDirectory() as tmp, Testbed(None, overrides, run_dir=pathlib.Path(tmp) / "run",
+                                                     start_timeout=900) as bed:
+        bed.wait(timeout=3600)
+        rows = bed.metrics()
+    steady = rows[1:] if len(rows) > 1 else rows
+    share = [r["medium_seconds"] / r["round_seconds"] for r in steady]
+    return {"rounds": len(rows), "air_slots_per_round": rows[0]["air_slots"],
+            "medium_s_per_slot_median": statistics.median(r["medium_seconds"] / r["air_slots"] for r in steady),
+            "round_s_median": statistics.median(r["round_seconds"] for r in steady),
+            "medium_share_of_round_median": statistics.median(share), "medium_share_max": max(share)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--d", type=int, default=30_000)
+    ap.add_argument("--testbed", type=int, default=0, metavar="ROUNDS", help="measure a real run of ROUNDS rounds")
     args = ap.parse_args()
+    if args.testbed:
+        print(json.dumps(testbed(args.testbed)))
+        return
     for mode in ("explicit", "aggregate", "independent"):
         print(json.dumps(bench(args.d, args.repeats, mode)))
 

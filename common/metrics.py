@@ -72,7 +72,12 @@ def plot_accuracy(rows: Iterable[dict[str, Any]], path: pathlib.Path, title: str
     if timed:
         xs.append(("emulated time (s): air time, compute, backhaul", [r["emulated_seconds"] for r in rows]))
     for ax, (label, x) in zip(axes[0], xs):
-        ax.plot(x, [100 * r["accuracy"] for r in rows], marker="o")
+        ax.plot(x, [100 * r["accuracy"] for r in rows], marker="o", label="global model")
+        for key, name in (("accuracy_reference", "reference device"), ("accuracy_device_mean", "mean of devices")):
+            if any(r.get(key) is not None for r in rows):  # the wireless medium: devices hold their own models
+                ax.plot(x, [100 * r[key] if r.get(key) is not None else float("nan") for r in rows], marker=".",
+                        label=name)
+                ax.legend(loc="lower right", fontsize=8)
         ax.set_xlabel(label)
         ax.set_ylabel("test accuracy (%)")
         ax.grid(alpha=0.3)

@@ -42,11 +42,16 @@ class Emission:
 
 @dataclass
 class Slot:
+    deadline: float  # one per slot, from its first emission (or refusal)
     emissions: dict[str, Emission] = field(default_factory=dict)
+    refused: set[str] = field(default_factory=set)  # edges whose emission was refused: not waited for
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
-    done: asyncio.Event = field(default_factory=asyncio.Event)
-    closing: bool = False
+    task: asyncio.Task | None = None  # the closing computation, started once, shielded from any one edge's cancel
     replies: dict[str, pb.Envelope] = field(default_factory=dict)
+
+    @property
+    def closing(self) -> bool:
+        return self.task is not None
 
 
 def _refuse(code: grpc.StatusCode, message: str, reason: str) -> wire.WireError:
@@ -138,45 +143,52 @@ class Medium:
         payloads = np.stack(rows) if rows else np.zeros((0, self.dim), np.float32)
         return Emission(tx, payloads, [mu[n] for n in tx], [sigma[n] for n in tx], listen, sums)
 
+    def _slot(self, key, timeout: float) -> Slot:
+        if key not in self.slots:
+            self.slots[key] = Slot(deadline=time.monotonic() + timeout)
+        return self.slots[key]
+
+    def refused(self, edge: str, round_: int, step: int, timeout: float) -> None:
+        """`edge`'s emission for (round_, step) was refused: it has nothing for this slot, do not wait for it."""
+        slot = self._slot((round_, step), timeout)
+        slot.refused.add(edge)
+        slot.arrived.set()
+
     async def air(self, edge: str, emission: Emission, round_: int, step: int, phases, expected, timeout: float
                   ) -> pb.Envelope | None:
         """Add `edge`'s emission to its slot and wait until the slot closes; `expected()` names the edges still
         worth waiting for (live, not given up)."""
         key = (round_, step)
-        slot = self.slots.setdefault(key, Slot())
+        slot = self._slot(key, timeout)
         slot.emissions[edge] = emission
         slot.arrived.set()
-        if not slot.closing and (set(expected()) <= set(slot.emissions)):
-            await self._close(key, slot, phases)
-        else:
-            deadline = time.monotonic() + timeout
-            while not slot.done.is_set() and not slot.closing:
-                slot.arrived.clear()
-                try:
-                    await asyncio.wait_for(slot.arrived.wait(), min(0.5, max(0.0, deadline - time.monotonic())))
-                except asyncio.TimeoutError:
-                    pass
-                if slot.closing or slot.done.is_set():
-                    break
-                if set(expected()) <= set(slot.emissions) or time.monotonic() >= deadline:
-                    if time.monotonic() >= deadline:
-                        log.warning("air slot %s: going on without %s", key,
-                                    sorted(set(expected()) - set(slot.emissions)))
-                    await self._close(key, slot, phases)
-                    break
-            await slot.done.wait()
+        while slot.task is None:
+            waiting = set(expected()) - set(slot.emissions) - slot.refused
+            if not waiting or time.monotonic() >= slot.deadline:
+                if waiting:
+                    log.warning("air slot %s: going on without %s", key, sorted(waiting))
+                slot.task = asyncio.get_running_loop().create_task(self._close(key, slot, phases))
+                break
+            slot.arrived.clear()
+            try:
+                await asyncio.wait_for(slot.arrived.wait(), min(0.5, max(0.0, slot.deadline - time.monotonic())))
+            except asyncio.TimeoutError:
+                pass
+        # Concurrency hazard: the edge whose call started the close may be cancelled (it died); the computation
+        # must still finish and answer every other edge, hence one task, shielded.
+        await asyncio.shield(slot.task)
         return slot.replies.get(edge)  # None: the computation failed (logged)
 
     async def _close(self, key, slot: Slot, phases) -> None:
-        slot.closing = True
         slot.arrived.set()
         try:
             await asyncio.get_running_loop().run_in_executor(None, self._compute, key, slot, phases)
         except Exception:  # noqa: BLE001 - every waiting edge must be answered
             log.exception("air slot %s failed", key)
         finally:
-            slot.done.set()
-            for old in [k for k in self.slots if k[0] < key[0] - 1]:
+            for emission in slot.emissions.values():
+                emission.payloads = None  # the replies are what is still needed
+            for old in [k for k in self.slots if k[0] < key[0]]:
                 del self.slots[old]
 
     def _compute(self, key, slot: Slot, phases) -> None:
@@ -231,11 +243,11 @@ class Medium:
             models["device_mean"] = mean.astype(np.float32)
             spread = np.sqrt(np.mean((good - mean) ** 2, axis=1)).mean() / max(1e-12, float(np.sqrt(np.mean(mean ** 2))))
             models["spread"] = float(spread)
-            ref_cluster = (self.plane.topology.device_edge[res.listeners] == 0) & ok
-            if ref_cluster.any():
-                i = int(np.flatnonzero(ref_cluster)[0])
-                models["reference"] = est[i]
-                models["reference_device"] = topology.device_id(int(res.listeners[i]))
+            # the reference device is device 0 of the reference cluster (Theorem 1); in a round where it failed th0
+            # it keeps a model the medium does not see, and the round has no reference figure
+            zero = np.flatnonzero((res.listeners == 0) & ok)
+            if zero.size:
+                models["reference"] = est[int(zero[0])]
         self.models[round_] = models
 
     # ---- per-round figures --------------------------------------------------------------------
@@ -246,7 +258,7 @@ class Medium:
                "air_missing": int(sum(r.get("missing_transmitters", 0) for r in rows)),
                "activity_rate": float(np.mean([r["activity_rate"] for r in rows])) if rows else None,
                "device_models_distinct": self.distinct.pop(round_, None),
-               "model_spread": models.get("spread"), "reference_device": models.get("reference_device"),
+               "model_spread": models.get("spread"),
                "medium_seconds": self.seconds}
         if rows and not self.plane.exact:
             out.update(received_power=float(np.mean([r["received_power"] for r in rows])),

@@ -224,7 +224,12 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
             if envelope.meta.run_id != self.run_id:
                 raise wire.WireError(grpc.StatusCode.FAILED_PRECONDITION,
                                      f"air slot for run {validate.short(envelope.meta.run_id)}", "wrong_run")
-            emission = self.medium.parse(envelope, self.round, self.plan)
+            try:
+                emission = self.medium.parse(envelope, self.round, self.plan)
+            except wire.WireError as exc:  # an authenticated edge with nothing valid for this slot: do not wait for it
+                if exc.reason != "replay" and envelope.meta.round == self.round:
+                    self.medium.refused(envelope.meta.sender_id, self.round, envelope.meta.step, self._air_timeout())
+                raise
         except wire.WireError as exc:
             await refuse(context, self.refusals, exc)
         node = envelope.meta.sender_id
@@ -234,13 +239,18 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
             return [e for e in self.edges if e not in self.live.absent and (self.live.sessions.has(e) or e in self.live.lost)]
 
         reply = await self.medium.air(node, emission, self.round, envelope.meta.step, self.plan, expected,
-                                      self.cfg.net.phase_timeout_s)
-        if reply is None:
-            await context.abort(grpc.StatusCode.INTERNAL, "the medium failed on this slot (see the cloud's log)")
+                                      self._air_timeout())
+        if reply is None:  # not a retryable code: the edge must not take it for a lost cloud
+            await context.abort(grpc.StatusCode.ABORTED, "the medium failed on this slot (see the cloud's log)")
         payload = reply.SerializeToString()
         for chunk in wire.to_chunks(payload, self.chunk_bytes):
             yield chunk
         self.bytes_down += len(payload)
+
+    def _air_timeout(self) -> float:
+        """How long an air slot waits for a missing edge: longer than an edge's own barrier can take (its phase
+        timeout, or a lost member's grace), so that an edge still waiting on its devices is not left behind."""
+        return self.cfg.net.phase_timeout_s + self.cfg.net.rejoin_grace_s + 10.0
 
     def _mark_ready(self, node: str) -> None:
         self.ready.add(node)
@@ -561,6 +571,7 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
             "bytes_down": int(self.bytes_down + sum(x.scalars.get("bytes_down", 0) for x in res)),
             "refused": int(self.refusals.take() + sum(x.scalars.get("refused", 0) for x in res)),
             "dropped_devices": int(sum(x.scalars.get("dropped", 0) for x in res)),
+            **({"air_dropped": int(sum(x.scalars.get("air_dropped", 0) for x in res))} if self.medium else {}),
             "rejoined_devices": int(sum(x.scalars.get("rejoined", 0) for x in res)),
             "round_restarts": int(sum(x.scalars.get("restarts", 0) for x in res)),
             "edges": len(self.results),

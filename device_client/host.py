@@ -174,7 +174,9 @@ class Device:
         dim = self.dim
         w, _ = self.downlink.receive(wire.single_tensor(envelope, "model"), dim, self.cfg.run.seed, self.index, task.round, -1)
         if self.medium and self.own_w is not None:
-            w = self.own_w.copy()  # paper 003: a device starts each round from its own estimate of the last downlink
+            w = self.own_w  # paper 003: a device starts each round from its own estimate of the last downlink
+        # a round this device does not finish (refused, aborted) leaves no estimate: the next starts from the cloud's
+        self.own_w = None
         anchor = w.copy()
         losses: list[float] = []
         batch = self.cfg.train.batch_size
@@ -192,7 +194,7 @@ class Device:
                 continue  # failed the downlink test th0 earlier in the round: sits out the rest of it
             if phase.kind in plans.AIR_PHASES:
                 w = await self._air(task, step, w, losses)
-                losses = [] if phase.kind == plans.AIR_MODEL_SYNC else losses
+                losses = []  # each upload reports the steps since the previous one
             elif phase.kind == plans.LOCAL_SGD:
                 start = w
                 steps = int(p["steps"]) if "steps" in p else None

@@ -449,8 +449,8 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
             for i in air.air_steps(self.plan):
                 mask = air.listeners(self.plane, self.plan, task.round, i)
                 self.barriers[i].expected = {m for m in self.members if mask[topology.device_index(m)]}
-                self.air_dropped |= {m for m in self.members if not air.alive(self.plane, self.plan, task.round, i)[
-                    topology.device_index(m)]}
+                fails = ~air.passes_th0(self.plane, task.round, i, [topology.device_index(m) for m in self.members])
+                self.air_dropped |= {m for m, fail in zip(self.members, fails) if fail}
         self.active_step = comm_steps[0] if comm_steps else None
         device_task = pb.RoundTask(round=task.round, phases=task.phases, attempt=self.attempt)
         everyone = self.participants == set(self.members)

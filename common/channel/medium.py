@@ -41,7 +41,9 @@ def air_slot(plane: Plane, round_: int, step: int, group: bool, payloads: np.nda
     listen = np.asarray(listen, dtype=np.int64).reshape(-1)
     mu = np.asarray(mu, dtype=np.float64).reshape(-1)
     sigma = np.asarray(sigma, dtype=np.float64).reshape(-1)
-    payloads = np.asarray(payloads, dtype=np.float32).reshape(tx.size, -1)
+    payloads = np.asarray(payloads, dtype=np.float32)
+    if payloads.ndim != 2 or payloads.shape[0] != tx.size:
+        raise ValueError(f"payloads must be [{tx.size}, d], got {payloads.shape}")
     d = payloads.shape[1]
     psi = plane.psi if psi is None else float(psi)
     C = plane.C

@@ -63,7 +63,9 @@ def _plane(seed: int, channel_json: str, edges: int, per_edge: int) -> Plane:
                          numpy_rng(seed, "cloud", 0, 0, "channel", "topology"), interferer_devices=ch.interferer_devices)
     params = ch.ota_params()
     rho = ota.rho_for(top, params)
-    psi = ota.psi(ch.psi_mode, ch.lambda_p_per_m2, per_edge, params, ch.r0, ch.R)
+    # Psi's closed forms assume one device count for every cluster of the plane: the interferers' M_n, since all
+    # but C - 1 of the clusters around an edge are interferers
+    psi = ota.psi(ch.psi_mode, ch.lambda_p_per_m2, ch.interferer_devices, params, ch.r0, ch.R)
     beta = ota.downlink_beta(ch.lambda_p_per_m2, params.sigma_d2, params.alpha, ch.r0, params.sigma_dn2, params.P_d)
     return Plane(top, params, ch.model, seed, rho, psi, ch.psi_mode, beta, ch.receiver)
 

@@ -39,7 +39,7 @@ def test_the_runs_edges_are_the_collaborating_clusters_of_a_seeded_plane():
     assert np.array_equal(air.plane_for(_cfg()).topology.devices, top.devices)  # any process draws the same plane
     assert not np.array_equal(air.plane_for(_cfg("run.seed=1")).topology.edges, top.edges)
     assert plane.rho == pytest.approx(ota.rho_for(top, plane.params))
-    assert plane.psi == pytest.approx(ota.psi_corrected(20e-6, 4, 1.0, 4.0, 4.0, 4e-15))
+    assert plane.psi == pytest.approx(ota.psi_corrected(20e-6, 15, 1.0, 4.0, 4.0, 4e-15))  # M_n = 15 interferers
 
 
 def _slot_inputs(plane, phases, round_, step, d=200, seed=0, equal_sigma=False):
@@ -254,3 +254,45 @@ def test_air_slot_clock_on_a_hand_computed_case():
 def test_bad_medium_configs_name_the_key(overrides, key):
     with pytest.raises(config_mod.ConfigError, match=key.replace(".", r"\.")):
         config_mod.load(None, overrides)
+
+
+def test_a_slot_nobody_transmits_in_still_answers_everyone():
+    cfg = _cfg()
+    plane = air.plane_for(cfg)
+    phases = plans.build_plan(cfg)
+    res = medium_fn.air_slot(plane, 0, 0, False, np.zeros((0, 50), np.float32), [], [], [], np.arange(12),
+                             air.alive(plane, phases, 0, 0), np.random.default_rng(0))
+    assert res.rows.shape == (12, 2, 50) and (res.n_active == 0).all() and res.ideal is None
+    est, ok = medium_fn.estimates(plane, res, 0, 0, False, plane.psi)
+    assert not ok.any()  # nothing to estimate from: no device updates
+
+
+def test_the_slot_barrier_survives_a_cancelled_closer_and_skips_refused_edges(tmp_path):
+    import asyncio
+    import time
+
+    cfg = _cfg()
+    medium = Medium(cfg, tmp_path, dim=64)
+    phases = plans.build_plan(cfg)
+    every = lambda: [f"edge-{i:03d}" for i in range(3)]  # noqa: E731
+
+    async def scenario():
+        em = [medium.parse(_emission(cfg, medium, 0, 0, edge=e)[0], 0, phases) for e in range(3)]
+        waiting = [asyncio.create_task(medium.air(f"edge-{e:03d}", em[e], 0, 0, phases, every, 30)) for e in range(2)]
+        await asyncio.sleep(0.05)
+        closer = asyncio.create_task(medium.air("edge-002", em[2], 0, 0, phases, every, 30))
+        await asyncio.sleep(0)  # it starts the close ...
+        closer.cancel()  # ... and dies
+        replies = await asyncio.gather(*waiting)
+        # next slot: edge-002's emission is refused; the others must not wait 30 s for it
+        em = [medium.parse(_emission(cfg, medium, 0, 1, edge=e)[0], 0, phases) for e in range(2)]
+        started = time.monotonic()
+        pending = [asyncio.create_task(medium.air(f"edge-{e:03d}", em[e], 0, 1, phases, every, 30)) for e in range(2)]
+        await asyncio.sleep(0.05)
+        medium.refused("edge-002", 0, 1, 30)
+        later = await asyncio.gather(*pending)
+        return replies, later, time.monotonic() - started
+
+    replies, later, seconds = asyncio.run(scenario())
+    assert all(r is not None and len(r.tensors) == 4 for r in replies + later)
+    assert seconds < 5

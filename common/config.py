@@ -52,9 +52,15 @@ class DataSection:
     dataset: str = choice("mnist-embedded", "hfl.common.data:DATASETS", "dataset name")
     root: str = doc("", "directory with the dataset files (mnist, fashion-mnist, cifar10)")
     partition: str = choice("iid", "hfl.common.partition:PARTITIONERS", "how training data is split over devices")
-    classes_per_device: int = doc(2, "partition=classes: labels per device", min=1)
-    dirichlet_alpha: float = doc(0.5, "partition=dirichlet: concentration", min=1e-6)
-    samples_per_device: tuple[int, int] = doc((0, 0), "[lo, hi]: draw each device's sample count uniformly; [0, 0] = split all")
+    classes_per_device: int = doc(2, "partition=classes, edge-classes, mixed: labels per device", min=1)
+    classes_per_edge: int = doc(4, "partition=edge-classes: labels per edge; its devices draw theirs from these", min=1)
+    edge_partitions: tuple[str, ...] = doc((), "partition=mixed: per edge one of iid, classes, half; [] = paper 001's "
+                                               "iid, classes, half repeated")
+    dirichlet_alpha: float = doc(0.5, "partition=dirichlet, hier-dirichlet (within an edge): concentration", min=1e-6)
+    edge_alpha: float = doc(1.0, "partition=hier-dirichlet: concentration across edges", min=1e-6)
+    samples_per_device: tuple[int, int] = doc((0, 0), "[lo, hi]: draw each device's sample count; [0, 0] = split all")
+    sample_sizes: str = choice("uniform", ("uniform", "power-law"), "law of the counts on samples_per_device: "
+                               "uniform, or power-law p(n) ~ n^-2 (paper 003; [100, 1000] when the range is unset)")
     test_fraction: float = doc(0.2, "mnist-embedded/synthetic: share held out for the cloud's test set", min=0.01, max=0.9)
     synthetic_samples: int = doc(12000, "synthetic: total samples generated", min=10)
     synthetic_shape: tuple[int, int, int] = doc((1, 28, 28), "synthetic: image shape (C, H, W)")

@@ -23,3 +23,32 @@ def check_run_dir(run_dir: pathlib.Path, resume: bool, force: bool) -> None:
     for name in found:
         (run_dir / name).unlink()
     shutil.rmtree(run_dir / "pending", ignore_errors=True)
+
+
+def write_data_report(run_dir: pathlib.Path, report: dict, title: str = "") -> None:
+    """data.json (partition.data_report) and data.png: each edge's label histogram as stacked bars."""
+    import json
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "data.json").write_text(json.dumps(report, indent=1) + "\n")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    hist = np.array([e["labels"] for e in report["edges"]], dtype=float)  # [edges, classes]
+    fig, ax = plt.subplots(figsize=(min(12, 2 + 0.5 * len(hist)), 3), dpi=80)
+    bottom = np.zeros(len(hist))
+    colors = plt.get_cmap("tab10" if hist.shape[1] <= 10 else "tab20")
+    for c in range(hist.shape[1]):
+        ax.bar(np.arange(len(hist)), hist[:, c], bottom=bottom, color=colors(c % colors.N), label=str(c), width=0.8)
+        bottom += hist[:, c]
+    ax.set_xlabel("edge")
+    ax.set_ylabel("samples")
+    ax.set_xticks(np.arange(len(hist)))
+    ax.set_title(title or "label distribution per edge", fontsize=9)
+    ax.legend(title="label", fontsize=6, title_fontsize=7, ncol=2, bbox_to_anchor=(1.01, 1), loc="upper left")
+    fig.tight_layout()
+    fig.savefig(run_dir / "data.png")
+    plt.close(fig)

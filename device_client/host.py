@@ -34,7 +34,8 @@ log = logging.getLogger("hfl.devices")
 def device_shards(cfg, ids: list[str]) -> tuple[dict[str, Shard], object]:
     """Load the dataset, partition it over all devices of the run (same on every host), keep ours."""
     data = load_dataset(cfg.data)
-    parts = partition(data.y_train, cfg.num_devices, numpy_rng(cfg.run.seed, "data", "partition"), cfg.data)
+    parts = partition(data.y_train, cfg.num_devices, numpy_rng(cfg.run.seed, "data", "partition"), cfg.data,
+                      edges=cfg.topology.edges)
     shards = {}
     for node in ids:
         idx = parts[topology.device_index(node)]

@@ -40,7 +40,8 @@ def _policy(cfg, tmp: pathlib.Path):
     from hfl.common.seeding import numpy_rng
 
     data = load_dataset(cfg.data)
-    parts = partition(data.y_train, cfg.num_devices, numpy_rng(cfg.run.seed, "data", "partition"), cfg.data)
+    parts = partition(data.y_train, cfg.num_devices, numpy_rng(cfg.run.seed, "data", "partition"), cfg.data,
+                      edges=cfg.topology.edges)
     sizes = [p.numel() for p in build(cfg.model.name, data.input_shape, data.num_classes).parameters()]
     policy = PrivacyPolicy(cfg, topology.edge_ids(cfg), [len(p) for p in parts], tmp, {}, sizes)
     edge = policy.edges[0]

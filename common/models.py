@@ -12,6 +12,18 @@ from .registry import Registry
 MODELS: Registry = Registry("model")
 
 
+@MODELS.register("linear")
+def linear(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """Softmax regression 784 -> 10 with bias, M = 7,850 (paper 000's M = 7,840 plus the bias)."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes))
+
+
+@MODELS.register("linear-nobias")
+def linear_nobias(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """Paper 000's M = 7,840 exactly: 784 -> 10 without bias."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes, bias=False))
+
+
 @MODELS.register("mlp")
 def mlp(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """The 784-200-10 perceptron of paper 004 (input size follows the dataset)."""
@@ -31,12 +43,25 @@ def mnist_cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
 
 @MODELS.register("cifar-cnn")
 def cifar_cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """Paper 001's CIFAR-10 CNN: 3x3 convs 32, 32, 64, 64 with ReLU, 2x2 max-pool after each pair, fc 128, fc 10."""
+    """Paper 001's CIFAR-10 CNN (and paper 003's): 3x3 convs 32, 32, 64, 64 with ReLU, same padding, 2x2 max-pool
+    after each pair, fc 128, fc 10; d = 591,274 on 32x32x3, 467,818 on 28x28x1."""
     c, h, w = input_shape
     return nn.Sequential(
         nn.Conv2d(c, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
         nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
         nn.Flatten(), nn.Linear(64 * (h // 4) * (w // 4), 128), nn.ReLU(), nn.Linear(128, num_classes),
+    )
+
+
+@MODELS.register("ota-cnn")
+def ota_cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """Paper 003's MNIST CNN, valid padding: conv3x3(32) -> pool -> conv3x3(64) -> pool -> fc128 -> fc10;
+    d = 225,034 on 28x28x1."""
+    c, h, w = input_shape
+    side = lambda n: ((n - 2) // 2 - 2) // 2  # noqa: E731
+    return nn.Sequential(
+        nn.Conv2d(c, 32, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(64 * side(h) * side(w), 128), nn.ReLU(), nn.Linear(128, num_classes),
     )
 
 

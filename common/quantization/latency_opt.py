@@ -51,6 +51,23 @@ def link_times(*, cycles_per_bit: float, data_bits: float, cpu_hz: float, model_
     return t_cp, t_de, _positive("ec_over_de", ec_over_de, allow_zero=True) * t_de
 
 
+# Paper 001's Table III radio and compute constants, and its CIFAR CNN (d = 591,274, D = 100 x 3072 x 8 bits):
+# the [latency] defaults t_CP = 0.049152 s, t_DE = 3.3356 s, t_EC = 33.356 s.
+TABLE_III = dict(cycles_per_bit=20.0, cpu_hz=1e9, bandwidth_hz=1e6, gain=1e-8, power_w=0.5, noise_w=1e-10,
+                 ec_over_de=10.0)
+PAPER_001_D = 591_274
+
+
+def model_link_times(d: int, batch: int, input_size: int, bits_per_param: int = 32, bits_per_input: int = 8,
+                     **radio) -> tuple[float, float, float]:
+    """(t_CP, t_DE, t_EC) of paper 001 for the model a run trains: D = batch x input_size x bits_per_input bits per
+    SGD step, d_b = bits_per_param x d per upload, Table III's radio unless `radio` overrides it."""
+    if int(d) != d or d < 1 or int(batch) != batch or batch < 1 or int(input_size) != input_size or input_size < 1:
+        raise ValueError(f"d, batch and input_size must be integers >= 1, got {d!r}, {batch!r}, {input_size!r}")
+    return link_times(data_bits=batch * input_size * bits_per_input, model_bits=bits_per_param * d,
+                      **{**TABLE_III, **radio})
+
+
 def round_latency(tau, gamma, t_cp: float, t_de: float, t_ec: float, uploads: str = "paper"):
     """T_di(tau, gamma) = (tau + gamma) t_CP + (tau [+1]) t_DE + t_EC (paper 001, Sec. IV); vectorised."""
     tau, gamma = np.asarray(tau, float), np.asarray(gamma, float)

@@ -84,7 +84,7 @@ def validate(cfg) -> None:
     if encoding != "qsgd" and encoding not in EXACT_ENCODINGS:
         raise ConfigError(f"latency.auto_tau_gamma: pipeline.uplink_encoding = {encoding!r} has no relative-error "
                           f"bound q1; use qsgd or one of {', '.join(EXACT_ENCODINGS)}")
-    if s.source == "config":  # emulated: the times are known only once a round has run
+    if s.source == "config" and s.time_base == "config":  # emulated / model: known once the model is built or run
         check_deadline(s)
 
 
@@ -140,13 +140,34 @@ def with_tau_gamma(cfg, tau: int, gamma: int):
     return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, tau=int(tau), gamma=int(gamma)))
 
 
+def with_time_base(cfg, dim: int, input_size: int | None = None) -> tuple[object, dict]:
+    """latency.time_base = "model": the config with t_cp_s, t_de_s, t_ec_s of the model the run trains (d = dim,
+    D = batch x input x 8 bits; input_size loaded from the dataset when not given). Also the record of which d
+    and D the T_di model uses (summary.json: tau_gamma.time_base)."""
+    s = cfg.latency
+    if s.time_base != "model":
+        return cfg, {"source": "config", "t_cp_s": s.t_cp_s, "t_de_s": s.t_de_s, "t_ec_s": s.t_ec_s,
+                     "d_model": int(dim), "note": f"t_de_s as configured (default: paper 001's d = {lo.PAPER_001_D:,}); "
+                                                  "latency.time_base = 'model' times the model trained"}
+    if input_size is None:
+        from hfl.common.data import load_dataset
+
+        input_size = math.prod(load_dataset(cfg.data).input_shape)
+    t_cp, t_de, t_ec = lo.model_link_times(int(dim), cfg.train.batch_size, int(input_size))
+    latency = dataclasses.replace(s, t_cp_s=t_cp, t_de_s=t_de, t_ec_s=t_ec)
+    return dataclasses.replace(cfg, latency=latency), {
+        "source": "model", "d": int(dim), "d_b_bits": 32 * int(dim), "data_bits": cfg.train.batch_size * int(input_size) * 8,
+        "t_cp_s": t_cp, "t_de_s": t_de, "t_ec_s": t_ec, "radio": "paper 001 Table III"}
+
+
 class RoundSchedule:
     """The cloud's per-round (tau, gamma) and virtual clock. `rows` are the metrics rows already written
     (a resumed run continues its virtual clock and uses its last measured q)."""
 
-    def __init__(self, cfg, dim: int, rows: list[dict] | None = None):
+    def __init__(self, cfg, dim: int, rows: list[dict] | None = None, input_size: int | None = None):
         from hfl.common import plans
 
+        cfg, self.time_base = with_time_base(cfg, dim, input_size)
         self.cfg, self.dim = cfg, dim
         self.model = latency_model(cfg)
         self.auto = cfg.latency.auto_tau_gamma
@@ -214,7 +235,7 @@ class RoundSchedule:
     def describe(self) -> dict:
         """summary.json entry: how tau and gamma were set, and the latency model behind virtual_seconds."""
         s = self.cfg.latency
-        out: dict = {"mode": "auto" if self.auto else "fixed"}
+        out: dict = {"mode": "auto" if self.auto else "fixed", "time_base": self.time_base}
         if self.model is not None:
             out["latency_model"] = {"formula": self.model.reference, "t_cp_s": s.t_cp_s, "t_de_s": s.t_de_s,
                                     "t_ec_s": s.t_ec_s, "uploads": s.uploads, "virtual_seconds": self.virtual}

@@ -1,0 +1,43 @@
+"""One time base (issue 19): paper 001's T_di model timed with the model the run trains (latency.time_base =
+"model"), the configured figures otherwise, and summary.json says which."""
+import pytest
+
+from hfl.common import config as config_mod
+from hfl.common.models import build, num_parameters
+from hfl.common.quantization import latency_opt as lo
+from hfl.common.quantization import schedule
+
+
+def test_table_iii_with_the_papers_cnn_gives_the_config_defaults():
+    s = config_mod.Config().latency
+    d = num_parameters(build("cifar-cnn", (3, 32, 32), 10))
+    assert d == lo.PAPER_001_D
+    assert lo.model_link_times(d, 100, 3 * 32 * 32) == pytest.approx((s.t_cp_s, s.t_de_s, s.t_ec_s), rel=1e-4)
+
+
+def test_times_scale_with_d_and_data():
+    t_cp, t_de, t_ec = lo.model_link_times(7_850, 32, 784)
+    _, t_de_paper, _ = lo.model_link_times(lo.PAPER_001_D, 100, 3072)
+    assert t_de == pytest.approx(t_de_paper * 7_850 / lo.PAPER_001_D) and t_ec == pytest.approx(10 * t_de)
+    assert t_cp == pytest.approx(20 * 32 * 784 * 8 / 1e9)
+    with pytest.raises(ValueError, match="integers"):
+        lo.model_link_times(0, 32, 784)
+
+
+def test_schedule_uses_the_trained_model_and_records_it():
+    cfg = config_mod.load(None, ["run.algorithm=qhetfed", "latency.time_base=model", "train.tau=3", "train.gamma=4",
+                                 "train.batch_size=32"])
+    sched = schedule.RoundSchedule(cfg, 28_938, input_size=784)
+    t_cp, t_de, t_ec = lo.model_link_times(28_938, 32, 784)
+    assert sched.record({})["virtual_seconds"] == pytest.approx(lo.round_latency(3, 4, t_cp, t_de, t_ec))
+    base = sched.describe()["time_base"]
+    assert base["source"] == "model" and base["d"] == 28_938 and base["t_de_s"] == pytest.approx(t_de)
+    default = schedule.RoundSchedule(config_mod.load(None, ["run.algorithm=qhetfed"]), 28_938).describe()["time_base"]
+    assert default["source"] == "config" and default["d_model"] == 28_938
+    assert default["t_de_s"] == config_mod.Config().latency.t_de_s
+
+
+def test_model_time_base_reads_the_input_size_from_the_dataset():
+    cfg = config_mod.load(None, ["run.algorithm=qhetfed", "latency.time_base=model"])
+    base = schedule.RoundSchedule(cfg, 7_850).describe()["time_base"]
+    assert base["data_bits"] == cfg.train.batch_size * 784 * 8  # mnist-embedded: 1 x 28 x 28

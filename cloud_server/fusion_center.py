@@ -167,8 +167,11 @@ class FusionCenter:
                           for m, (s, b) in enumerate(zip(g.sizes, g.bits))],
                "participants": self.cfg.precision.participants or sum(g.sizes),
                "bit_budget": self.cfg.precision.bit_budget or None}
-        if self.codec in ("dpsq", "laplace-sq"):
-            out["epsilon_label"] = ("epsilon_claimed: the paper's claim, d * epsilon1 per device per upload (pure DP "
-                                    "only between inputs in the same quantization cell, no composition over rounds; "
-                                    "digest 004 P2); not computed by an accountant")
+        if getattr(wire.CODECS.get(self.codec), "private", False):
+            out["epsilon"] = "inf"
+            out["epsilon_label"] = ("epsilon = inf: not DP under record or user adjacency (the range and the cell "
+                                    "index are exact functions of the update, digest 004 P1, and the coins protect "
+                                    "only inputs in the same cell, P2). epsilon_claimed: the paper's claim, "
+                                    "d * epsilon1 per device per upload, no composition over rounds; not computed "
+                                    "by an accountant")
         return out

@@ -17,6 +17,7 @@ from hfl.common.privacy.wavelet import padded_length
 from hfl.common.privacy.events import DpRecord
 from hfl.common.privacy.ledger import PrivacyLedger
 from hfl.common.privacy.trust import TRUSTED, effective_trust, resolve_trust, sample_participants
+from hfl.common.secret_random import SEEDED_LABEL
 from hfl.common.seeding import numpy_rng
 from hfl.proto import hfl_v1_pb2 as pb
 
@@ -54,12 +55,15 @@ class PrivacyPolicy:
         devices = [d for e in self.edges for d in self.members[e]]
         self.device_sizes = {d: int(device_samples[topology.device_index(d)]) for d in devices}
         self.ledger = PrivacyLedger.open(run_dir, p.delta, p.accountant, devices)
+        self.ledger.caveats = self.guarantee()
         self.settings = {e: self._calibrate(e, device_samples) for e in self.edges}
         if self.algorithm.privacy == "aggregator" and any(v != TRUSTED for v in self.levels.values()):
             raise ValueError("user-level DP-FedAvg needs a trusted aggregator, but "
                              f"{sorted(e for e, v in self.levels.items() if v != TRUSTED)} are untrusted "
                              "(a site lowered its trust?)")
         self.stopped: str | None = None
+        self.planned: dict[int, dict[str, tuple[str, ...]]] = {}  # round -> edge -> participants, as planned
+        self.charged_missing = 0  # releases charged as planned for edges that never reported
 
     # ---- calibration --------------------------------------------------------------------------
     @property
@@ -88,7 +92,8 @@ class PrivacyPolicy:
         return calibration.calibrate_h2fdp(trusted=self.levels[edge] == TRUSTED, eta=t.lr, tau=t.tau, clip=p.clip,
                                            rounds=self.cfg.run.rounds, local_per_round=self.local_per_round,
                                            participants=self._participants(edge), q=q, c2=p.c2,
-                                           v2=None if p.v2 == -1.0 else p.v2, **common)
+                                           v2=None if p.v2 == -1.0 else p.v2,
+                                           window=privacy_config.sensitivity_window(p, t), **common)
 
     @property
     def sample_steps_per_round(self) -> int:
@@ -135,6 +140,7 @@ class PrivacyPolicy:
         """`round_cfg`: this round's config when a controller changed eta, tau or s_c: the noise multipliers stay
         the calibrated ones (each release costs the same privacy), the std follows 2 eta_k tau_k G / s_c^k."""
         plans_ = {}
+        self.planned[r] = {e: tuple(participants[e]) for e in self.edges}
         train = (round_cfg or self.cfg).train
         for e in self.edges:
             trusted = self.levels[e] == TRUSTED
@@ -155,8 +161,8 @@ class PrivacyPolicy:
             for stream, setting in self.settings[e].items():
                 params[f"noise_z_{stream}"] = setting.std / setting.sensitivity  # what scales the noise
                 params[f"noise_sens_{stream}"] = setting.sensitivity if round_cfg is None else \
-                    calibration.h2fdp_sensitivity(train.lr, train.tau, self.p.clip,
-                                                  max(1, len(participants[e])) if trusted else 1)
+                    calibration.h2fdp_sensitivity(train.lr, privacy_config.sensitivity_window(self.p, train),
+                                                  self.p.clip, max(1, len(participants[e])) if trusted else 1)
             if self.algorithm.privacy == "aggregator":
                 d = sum(self._sizes(e))
                 params.update(delta_clip=self.p.clip, client_rate=self.p.client_rate, fixed_denominator=self.p.client_rate * d)
@@ -204,13 +210,26 @@ class PrivacyPolicy:
         return None
 
     def record(self, r: int, submissions: Mapping[str, Sequence[pb.Transform]]) -> dict:
-        """Compose the DP events of round r's messages into the ledger; returns the metrics columns."""
+        """Compose the DP events of round r's messages into the ledger; returns the metrics columns. An edge that
+        took part in the plan but never reported (lost mid-round) is charged its planned releases: its devices'
+        noisy uploads may have been released to it all the same."""
         records = [DpRecord.from_transform_params(dict(t.params)).replace(round=r)
                    for node in sorted(submissions) for t in submissions[node] if t.stage == DP_STAGE]
+        participants = self.planned.pop(r, None)
+        missing = [e for e in self.edges if e not in submissions and participants and participants.get(e)]
+        if missing:
+            silent = {d for e in missing for d in participants[e]}
+            charged = [rec for rec in self.planned_records(r, participants) if set(rec.covers) <= silent]
+            self.charged_missing += len(charged)
+            records += charged
+            log.warning("round %d: %s never reported; charged their planned releases (%d events)", r, missing,
+                        len(charged))
         self.ledger.record_round(r, records)
         summary = self.ledger.summary()
         row = {"epsilon_max": summary["epsilon_max"], "epsilon_mean": summary["epsilon_mean"],
                "dp_events": len(records)}
+        if summary["epsilon_max"] > self.p.epsilon:
+            row["budget_exceeded"] = True
         if self.claimed() is not None:
             row["epsilon_claimed"] = self.claimed()
         return row
@@ -233,5 +252,31 @@ class PrivacyPolicy:
                               "the paper's arithmetic, not a measurement") if self.claimed() is not None else
                              "epsilon: the accountant (dp-accounting) on the noise really added",
             **{f"epsilon_{k.split('_')[1]}": v for k, v in self.ledger.summary().items()},
+            **self.budget(),
+            "noise_source": self.p.noise_source,
+            "guarantee": self.guarantee(),
+            "sensitivity": self.p.sensitivity if self.algorithm.privacy == "by_trust" else None,
+            "client_draw": ("visible to the cloud (the edge reports the drawn set's counts): each drawn device is "
+                            "charged an unsampled release") if self.algorithm.privacy == "aggregator" else None,
+            "charged_missing_edges": self.charged_missing,
             "stopped": self.stopped,
         }
+
+    def budget(self) -> dict:
+        """Whether the ledger went past privacy.epsilon (paper modes run on; restarts and re-run rounds may too)."""
+        spent = self.ledger.summary()["epsilon_max"]
+        return {"budget_exceeded": bool(spent > self.p.epsilon),
+                "epsilon_over_budget": max(0.0, float(spent) - self.p.epsilon)}
+
+    def guarantee(self) -> list[str]:
+        """What the reported epsilon does not cover: every caveat of this run's configuration, empty when none."""
+        out = []
+        if self.p.noise_source == "seeded":
+            out.append(SEEDED_LABEL + ": epsilon = inf against those parties; the figures hold against outsiders")
+        if self.claim_only:
+            out.append("paper calibration: epsilon_claimed is the paper's arithmetic; epsilon is the accountant's "
+                       "figure for the noise really added, and the budget does not stop the run")
+        if self.cfg.control.controller != "none" and self.cfg.control.beta < 0:
+            out.append("not DP: beta_estimate (the devices' smoothness estimates, control.beta = -1) is released in "
+                       "the clear to the edges and the cloud; set control.beta > 0 for a run whose epsilon holds")
+        return out

@@ -31,6 +31,7 @@ from hfl.common.models import build, get_flat, init_parameters, num_parameters
 from hfl.common.partition import data_report, partition
 from hfl.common.pipeline import Link
 from hfl.common.quantization.schedule import RoundSchedule
+from hfl.common.privacy.ledger import lines_to_keep
 from hfl.common.seeding import numpy_rng, torch_generator
 from hfl.common.service_base import Guarded, Liveness, Refusals, RoundBoard, hold_presence, refuse
 from hfl.device_client.training import evaluate, make_shard
@@ -369,8 +370,8 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
             rows.append(stats)
         metrics.write_jsonl(self.run_dir / "metrics.jsonl", rows)
         ledger = self.run_dir / "privacy_ledger.jsonl"
-        if ledger.exists():  # rounds past the checkpoint are redone: charge them once
-            metrics.write_jsonl(ledger, [r for r in metrics.read_jsonl(ledger) if r["round"] <= last])
+        if ledger.exists():
+            metrics.write_jsonl(ledger, lines_to_keep(metrics.read_jsonl(ledger), last, self.cfg.privacy.noise_source))
         fused = self.run_dir / "fusion.jsonl"
         if fused.exists():  # relay algorithms: rounds past the checkpoint are fused again
             metrics.write_jsonl(fused, [r for r in metrics.read_jsonl(fused) if r["round"] <= last])
@@ -440,6 +441,7 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
             stats.update(schedule.record(stats))
             if self.policy is not None:
                 stats.update(self.policy.record(r, {e: res.transforms for e, res in self.results.items()}))
+                metrics.write_json(self.run_dir / "privacy.json", self.policy.describe())
             if decision is not None:  # the controller's choice for this round and what it measured
                 stats.update(decision.columns)
                 self.controller.observe(r, self.results, stats)
@@ -648,12 +650,18 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
                 summary[f"final_accuracy_{name}"] = values[-1] if values else None
         if self.fusion is not None:
             summary["fusion"] = self.fusion.describe()
+            if "epsilon" in summary["fusion"]:
+                summary["epsilon"] = summary["fusion"]["epsilon"]
             claims = [r["epsilon_claimed"] for r in rows if r.get("epsilon_claimed") is not None]
             if claims:
                 summary["epsilon_claimed"] = max(claims)
         if self.policy is not None:
             summary["privacy"] = self.policy.describe()
             summary["epsilon"] = summary["privacy"]["epsilon_max"]
+            summary["budget_exceeded"] = summary["privacy"]["budget_exceeded"]
+            summary["epsilon_over_budget"] = summary["privacy"]["epsilon_over_budget"]
+            if summary["privacy"]["guarantee"]:
+                summary["privacy_caveats"] = summary["privacy"]["guarantee"]
             if self.policy.claimed() is not None:
                 summary["epsilon_claimed"] = self.policy.claimed()
         metrics.write_json(self.run_dir / "summary.json", summary)

@@ -8,6 +8,7 @@ register here by name without touching the services.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
@@ -17,6 +18,7 @@ from hfl.proto import hfl_v1_pb2 as pb
 
 from . import wire
 from .registry import Registry
+from .secret_random import dp_numpy_rng
 from .seeding import numpy_rng
 
 VectorStage = Callable[..., np.ndarray]
@@ -107,6 +109,11 @@ class Link:
     encoding: str
     channel: StageRef
     encode_params: Mapping[str, object] = field(default_factory=dict)
+    # a private codec's coins (dpsq, laplace-sq) are DP randomness: secret unless the run replays them (seeded)
+    dp_source: str = "secret"
+    # a private codec's exact functions of the update (sq_error, q_measured, expected_distortion) stay on the
+    # device unless FWO is told to take the device's word (precision.distortion_estimate = device, paper 004 P3)
+    private_stats: bool = False
 
     @classmethod
     def device_uplink(cls, cfg) -> "Link":
@@ -114,7 +121,9 @@ class Link:
         defaults under the codec's own parameters (each device's own come in its round plan, paper 004)."""
         p = cfg.precision
         defaults = {k: getattr(p, k)[0] for k in ("bits", "epsilon1") if getattr(p, k)}
-        return cls.from_config(cfg.pipeline, "uplink", defaults)
+        return dataclasses.replace(cls.from_config(cfg.pipeline, "uplink", defaults),
+                                   dp_source=cfg.privacy.noise_source,
+                                   private_stats=p.distortion_estimate == "device")
 
     @classmethod
     def from_config(cls, pipeline, hop: str, encode_defaults: Mapping[str, object] | None = None) -> "Link":
@@ -152,11 +161,13 @@ class Link:
                 transforms.append(ref.record(self.tier))
         codec = wire.CODECS.get(self.encoding)
         params = {**self.encode_params, **overrides.get("encode", {})}
-        rng = numpy_rng(seed, self.tier, node, round_, step, "encode")
+        private = getattr(codec, "private", False)
+        rng = (dp_numpy_rng(self.dp_source, seed, self.tier, node, round_, step, "encode") if private
+               else numpy_rng(seed, self.tier, node, round_, step, "encode"))
         tensor = wire.encode(vec, self.encoding, tensor_name, rng, **params)
         if self.encoding not in IDENTITY_NAMES:
             extra = {}
-            if getattr(codec, "quantizer", False):
+            if getattr(codec, "quantizer", False) and (not private or self.private_stats):
                 extra = {**_distortion(vec, codec.decode(tensor)), **codec.expected_stats(vec, **params)}
             used = codec.params(**params) if hasattr(codec, "params") else params
             transforms.append(StageRef("encode", self.encoding, used).record(self.tier, len(tensor.data) * 8, extra))

@@ -21,6 +21,7 @@ from hfl.common.models import build, num_parameters
 from hfl.common.partition import partition
 from hfl.common.pipeline import Link
 from hfl.common.privacy import on_wire
+from hfl.common.secret_random import dp_numpy_rng, dp_torch_generator
 from hfl.common.seeding import numpy_rng, torch_generator
 from hfl.common.upstream import Upstream
 from hfl.proto import hfl_v1_pb2 as pb
@@ -73,7 +74,10 @@ class Device:
         self.uplink = Link.device_uplink(cfg)
         self.downlink = Link.from_config(cfg.pipeline, "downlink")
         self.relay = plans.ALGORITHMS.get(cfg.run.algorithm).relay
-        self.private = bool(plans.ALGORITHMS.get(cfg.run.algorithm).privacy)
+        # a private device sends nothing computed on its data without noise (no training loss, no error statistics)
+        self.private = bool(plans.ALGORITHMS.get(cfg.run.algorithm).privacy) or \
+            getattr(wire.CODECS.get(cfg.pipeline.uplink_encoding), "private", False)
+        self.dp_source = cfg.privacy.noise_source
         self.report_beta = cfg.control.controller != "none" and cfg.control.beta < 0  # H2FDP(ctrl) estimates beta
         self.chunk_bytes = cfg.net.chunk_kib * 1024
         self.max_bytes = cfg.net.max_message_mb << 20
@@ -213,7 +217,8 @@ class Device:
             elif phase.kind == plans.LOCAL_DP_SGD:
                 dev_plan = dict(cluster.devices[self.id].params) if self.id in cluster.devices else {}
                 # lots and noise drawn afresh per attempt (a repeated draw would cancel between two releases)
-                gen = torch_generator(self.cfg.run.seed, "device", self.index, task.round, step, "dp_sgd", task.attempt)
+                gen = dp_torch_generator(self.dp_source, self.cfg.run.seed, "device", self.index, task.round, step,
+                                         "dp_sgd", task.attempt)
                 w, loss, rec = await self.trainer.run(local_dp_sgd, w, self.shard, p, {**cplan, **dev_plan}, gen,
                                                       self.id, task.round)
                 if np.isfinite(loss):
@@ -306,7 +311,8 @@ class Device:
         if cplan.get("trusted", 0.0) == 1.0:
             return delta, []
         stream = on_wire.stream_of(task.phases, step)
-        rng = numpy_rng(self.cfg.run.seed, "device", self.index, task.round, step, "dp_noise", task.attempt)
+        rng = dp_numpy_rng(self.dp_source, self.cfg.run.seed, "device", self.index, task.round, step, "dp_noise",
+                           task.attempt)
         delta, z, sens = on_wire.apply_noise(delta, cplan, stream, rng)
         if not z:
             return delta, []

@@ -22,7 +22,7 @@ from hfl.common import plans, robust, rpc, session, topology, validate, wire
 from hfl.common.channel.round_clock import EdgeClock
 from hfl.common.pipeline import Link
 from hfl.common.privacy import on_wire
-from hfl.common.seeding import numpy_rng
+from hfl.common.secret_random import dp_numpy_rng
 from hfl.common.service_base import Guarded, Liveness, Refusals, RoundBoard, hold_presence, refuse
 from hfl.common.upstream import Upstream
 from hfl.proto import hfl_v1_pb2 as pb
@@ -62,6 +62,8 @@ class Barrier:
 
 
 class EdgeServer(pbg.EdgeServiceServicer, Guarded):
+    rejoin_first = False  # started for a resumed run (hfl edge --rejoin): register with rejoin, not refused first
+
     def __init__(self, node_id: str, cloud_address: str, server: rpc.Server, cloud_credentials=None,
                  cloud_override_host: str | None = None, admit=None, wait_s: float = 300.0, trust: str = ""):
         self.id = node_id
@@ -217,14 +219,25 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
         if node in barrier.contributions:
             raise wire.WireError(grpc.StatusCode.ALREADY_EXISTS,
                                  f"{node} already contributed to round {meta.round} phase {meta.step}", "replay")
+        if self.cfg.privacy.trace_uploads:
+            log.info("upload keys %s", json.dumps({
+                "sender": node, "round": meta.round, "step": meta.step, "scalars": sorted(envelope.scalars),
+                "transforms": [[t.stage, t.name, sorted(t.params)] for t in meta.transforms]}))
         if barrier.kind in plans.AIR_PHASES:
             return barrier, self._validate_air(envelope, barrier)
         name = "gradient" if barrier.kind == plans.EDGE_GRADIENT_STEP else "delta"
+        dp = on_wire.from_transforms(meta.transforms, allowed={node})
+        stream = on_wire.stream_of(self.plan, meta.step)
+        on_wire.check_device_records(dp, self.cplan, node, stream, expected=barrier.kind == plans.EDGE_MODEL_SYNC
+                                     and bool(self.cplan) and self.cplan.get("trusted", 0.0) != 1.0
+                                     and self.cplan.get(f"noise_z_{stream}", 0.0) > 0)
+        # charged at receipt: the noisy upload is released to this edge even if a later check or a restart of the
+        # barrier discards it
+        self.dp_records.extend(dp)
         # the channel's draw is the sender's own (keyed by the device, not by this edge)
         vec, _ = self.uplink.receive(wire.single_tensor(envelope, name), self.dim, self.cfg.run.seed,
                                      topology.device_index(node), self.round, meta.step)
         scalars = validate.check_scalars(envelope.scalars, node)
-        dp = on_wire.from_transforms(meta.transforms, allowed={node})
         q = next((t.params["q_measured"] for t in meta.transforms if t.stage == "encode" and "q_measured" in t.params), None)
         raw = envelope.SerializeToString() if self.relay else b""
         return barrier, Contribution(vec, self.samples[node], scalars, dp, q, raw)
@@ -311,7 +324,7 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
         self.cloud = Upstream(self.id, self.cloud_address, rpc.MAX_CHUNK, pbg.CloudServiceStub, self.cloud_credentials,
                               self.cloud_override_host)
         try:
-            reply = await self.cloud.register("", trust=self.site_trust)
+            reply = await self.cloud.register("", rejoin=self.rejoin_first, trust=self.site_trust)
         except grpc.aio.AioRpcError as exc:
             if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
                 raise
@@ -418,7 +431,8 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
         self.participants = set(plan.participants) if plan.participants or plan.only_listed else set(self.members)
         rate = self.cplan.get("client_rate", 1.0)
         if rate < 1.0:  # DP-FedAvg: the trusted aggregator draws its clients (Poisson, rate q_c) itself
-            draw = numpy_rng(self.cfg.run.seed, "edge", self.index, task.round, "clients").random(len(self.members))
+            draw = dp_numpy_rng(self.cfg.privacy.noise_source, self.cfg.run.seed, "edge", self.index, task.round,
+                                "clients").random(len(self.members))
             self.participants = {m for m, u in zip(self.members, draw) if u < rate}
         while True:
             result = await self._attempt(task, global_w)
@@ -613,7 +627,6 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
         vecs = [c.vec for c in contributions]
         trusted = self.cplan.get("trusted", 0.0) == 1.0 and phase.kind == plans.EDGE_MODEL_SYNC
         for c in contributions:
-            self.dp_records.extend(c.dp)
             if c.q is not None:
                 self.q_uplink.append(c.q)
         if trusted:
@@ -630,14 +643,15 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
         if trusted:
             stream = on_wire.stream_of(self.plan, step)
             # a fresh draw per attempt: two releases sharing one noise draw would cancel it in their difference
-            rng = numpy_rng(self.cfg.run.seed, "edge", self.index, round_, step, "dp_noise", self.attempt)
-            agg, z, sens = on_wire.apply_noise(agg, self.cplan, stream, rng)
-            if z:
-                rate = self.cplan.get("client_rate", 1.0)
-                # Poisson client sampling: the release covers every member (each could have been drawn), each
-                # charged at rate q_c; charging only the drawn ones would under-count epsilon
-                covers = self.members if rate < 1.0 else nodes
-                self.dp_records.append(on_wire.record("edge", self.id, covers, self.cplan, z, sens, round_, stream, rate))
+            rng = dp_numpy_rng(self.cfg.privacy.noise_source, self.cfg.run.seed, "edge", self.index, round_, step,
+                               "dp_noise", self.attempt)
+            plan = self.cplan if "fixed_denominator" in self.cplan else \
+                on_wire.mean_sensitivity(self.cplan, stream, weights, len(self.participants))
+            agg, z, sens = on_wire.apply_noise(agg, plan, stream, rng)
+            if z and nodes:
+                # the contributors, unsampled: the cloud sees the drawn set's counts in this edge's report, so a
+                # secret-draw amplification at rate q_c would not hold against it
+                self.dp_records.append(on_wire.record("edge", self.id, nodes, plan, z, sens, round_, stream))
         return agg
 
     async def _submit(self, task: pb.RoundTask, step: int, delta: np.ndarray, members: set[str]) -> None:
@@ -681,9 +695,10 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
 
 async def serve(node_id: str, listen: str, cloud_address: str, port_file: str | None = None, server_credentials=None,
                 cloud_credentials=None, cloud_override_host: str | None = None, admit=None, wait_s: float = 300.0,
-                trust: str = "") -> int:
+                trust: str = "", rejoin: bool = False) -> int:
     server = rpc.Server(listen, rpc.MAX_CHUNK, server_credentials)
     edge = EdgeServer(node_id, cloud_address, server, cloud_credentials, cloud_override_host, admit, wait_s, trust)
+    edge.rejoin_first = rejoin
     rpc.add_servicer(pbg.add_EdgeServiceServicer_to_server, edge, server.server, edge.malformed)
     await server.start(port_file)
     log.info("%s listening on %s", node_id, server.address)

@@ -167,8 +167,12 @@ def aggregate_noise_variance(stds: Sequence[float], weights: Sequence[float]) ->
 def calibrate_h2fdp(*, trusted: bool, epsilon: float, delta: float, eta: float, tau: int, clip: float,
                     rounds: int, local_per_round: int, participants: int, mode: str = "sound", q: float = 1.0,
                     c2: float = 1.0, v2: float | None = None, noise_multiplier: float | None = None,
-                    rounds_participating: int | None = None, accountant: str = "rdp") -> dict[str, NoiseSetting]:
+                    rounds_participating: int | None = None, accountant: str = "rdp",
+                    window: int | None = None) -> dict[str, NoiseSetting]:
     """Noise of the local and global streams of one H2FDP cluster (paper 000 Sec. 3; Alg. 2).
+
+    `window`: the steps one release sums (m, privacy.sensitivity = window: Delta = 2 eta m G, sound and tight, since
+    every upload is the delta since the last aggregation); None = tau, the paper's literal reading.
 
     Trusted edge: one draw on the cluster mean, Delta = 2 eta tau G / s_c; untrusted: one draw per
     device, Delta = 2 eta tau G. Returns {"local": ..., "global": ...} ("local" absent when
@@ -210,7 +214,7 @@ def calibrate_h2fdp(*, trusted: bool, epsilon: float, delta: float, eta: float, 
     if int(charged) != charged or not 1 <= charged <= rounds:
         raise ValueError(f"rounds_participating must be an integer in [1, rounds={rounds}], got {charged!r}")
     tier = "edge" if trusted else "device"
-    delta_sens = h2fdp_sensitivity(eta, tau, clip, participants if trusted else 1)
+    delta_sens = h2fdp_sensitivity(eta, tau if window is None else window, clip, participants if trusted else 1)
     counts = {"local": charged * local_per_round, "global": charged}
     streams = [s for s in ("local", "global") if counts[s] > 0]
     claimed = None
@@ -249,14 +253,16 @@ def dp_fedavg_weights(sizes: Sequence[int], client_rate: float) -> np.ndarray:
 
 def calibrate_dp_fedavg(*, epsilon: float, delta: float, rounds: int, client_rate: float, clip: float,
                         sizes: Sequence[int], mode: str = "sound", noise_multiplier: float | None = None,
-                        accountant: str = "rdp") -> NoiseSetting:
+                        accountant: str = "rdp", amplified: bool = False) -> NoiseSetting:
     """Noise at the trusted aggregator of user-level DP-FedAvg: each client's update clipped to S,
     w_{t+1} = w_t + sum_k p_k clip(Delta_k) + N(0, std^2 I) (paper 002 P8, P9).
 
     Sensitivity: adding or removing client k moves sum_k p_k Delta_k by at most S max_k p_k, so the
-    sound std is z S max_k p_k. Each round is a Poisson-subsampled Gaussian at rate q_c, composed over
-    `rounds` (valid only if the trusted aggregator draws the clients and keeps the draw to itself; if
-    the plan names them, pass client_rate = 1.0 and weights for all clients).
+    sound std is z S max_k p_k. A Poisson-subsampled Gaussian at rate q_c would be valid only if the draw stayed
+    secret; the edge's report (devices, samples, bytes of the drawn set) shows it to the cloud, so `sound` and
+    `noise_multiplier` charge every round unsampled (`amplified` = False, the default): a client drawn in every
+    round spends what the accountant finds for `rounds` plain Gaussian releases. `amplified` = True is the
+    paper's claim (paper 002 via McMahan et al.), which holds only against parties that cannot see the draw.
     - `sound`: z from the accountant for (epsilon, delta); std = z S max_k p_k.
     - `paper`: paper 002 Eq. 5, std = z S / (q_c d), which drops d_k; z is `noise_multiplier` if given,
       else the one the accountant picks. `epsilon_claimed` is the accountant's figure for z (what the
@@ -274,15 +280,17 @@ def calibrate_dp_fedavg(*, epsilon: float, delta: float, rounds: int, client_rat
             raise ValueError("calibration = noise_multiplier needs noise_multiplier > 0")
         z = _positive("noise_multiplier", noise_multiplier)
     else:
-        z = calibrate_multiplier(epsilon, delta, rounds, client_rate, accountant=accountant)
+        z = calibrate_multiplier(epsilon, delta, rounds, client_rate if mode == "paper" or amplified else 1.0,
+                                 accountant=accountant)
+    rate = client_rate if amplified else 1.0  # what the ledger charges
     claimed = None
     if mode == "paper":
         std = z * clip / (client_rate * float(np.sum(sizes)))
         claimed = epsilon_of_releases([("gaussian", z, client_rate, rounds)], delta, accountant)
         z = std / sensitivity
-    spent = epsilon_of_releases([("gaussian", z, client_rate, rounds)], delta, accountant)
+    spent = epsilon_of_releases([("gaussian", z, rate, rounds)], delta, accountant)
     return NoiseSetting(mode=mode, tier="edge", stream="global", mechanism="gaussian", noise_multiplier=z,
-                        sensitivity=sensitivity, std=z * sensitivity, releases=int(rounds), sampling_rate=client_rate,
+                        sensitivity=sensitivity, std=z * sensitivity, releases=int(rounds), sampling_rate=rate,
                         epsilon=spent, epsilon_claimed=claimed, delta=delta, accountant=accountant)
 
 

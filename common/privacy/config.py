@@ -57,6 +57,16 @@ class PrivacySection:
     layer_clips: tuple[float, ...] = doc((), "sample level: per-layer clip C_j, one per parameter tensor (sensitivity "
                                          "sqrt(sum C_j^2)); empty = flat clip at privacy.clip")
     client_rate: float = doc(1.0, "DP-FedAvg client sampling rate q_c, in (0, 1]")
+    noise_source: str = choice("secret", ("secret", "seeded"),
+                               "secret: every DP draw (noise, lots, client draws, DP-SQ coins) from a fresh CSPRNG key on "
+                               "the node that adds it; seeded: from run.seed, for bit-identical replays only (the run "
+                               "is then not private against anyone holding run.seed, and says so)")
+    trace_uploads: bool = doc(False, "edges log the names (never the values) of every upload's scalars and transform "
+                              "parameters (logs/edge-*.log, 'upload keys'): audit what leaves a device")
+    sensitivity: str = choice("auto", ("auto", "window", "tau"),
+                              "H2FDP sensitivity: window = 2 eta m G (a release sums one window of m = train.gamma "
+                              "steps: sound and tight); tau = 2 eta tau G (paper 000 Lemma 3.2, literal); auto: tau when "
+                              "calibration = paper, else window")
 
 
 def effective(section: PrivacySection, algorithm) -> PrivacySection:
@@ -75,6 +85,14 @@ def wavelet_calibration(section: PrivacySection) -> str:
     if section.wavelet_mode != "auto":
         return section.wavelet_mode
     return "paper" if section.calibration == "paper" else "sound"
+
+
+def sensitivity_window(section: PrivacySection, train) -> int:
+    """The number of SGD steps one H2FDP release is charged for: m = train.gamma (window) or train.tau (paper)."""
+    reading = section.sensitivity
+    if reading == "auto":
+        reading = "tau" if section.calibration == "paper" else "window"
+    return int(train.tau) if reading == "tau" else int(train.gamma)
 
 
 def _fail(key: str, message: str) -> None:
@@ -113,6 +131,10 @@ def validate_privacy(section: PrivacySection, edge_ids: Sequence[str], algorithm
             and section.wavelet_scope != "flat":
         _fail("wavelet_scope", "must be flat at a trusted aggregator (dp-fedavg-wav transforms the whole update); "
                                "per_layer applies to sample-level DP-SGD-WAV")
+    if section.enabled and section.placement == "by_trust" and section.mechanism == "laplace":
+        _fail("mechanism", "laplace is not available under by-trust placement (H2FDP / HFL-DP): updates are clipped "
+                           "in L2 (every minibatch gradient to G), and a Laplace mechanism needs an L1 sensitivity, "
+                           "which grows with sqrt(dimension) for an L2-clipped update; use gaussian")
     if section.enabled and section.placement == "aggregator" and section.mechanism == "laplace":
         _fail("mechanism", "laplace is not available for DP-FedAvg: its updates are clipped in L2, and the L1 "
                            "sensitivity of an L2-clipped update grows with sqrt(dimension)")

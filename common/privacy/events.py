@@ -20,6 +20,7 @@ TIERS = ("device", "edge", "device-sample")
 MECHANISMS = ("gaussian", "laplace")
 STREAMS = ("local", "global", "sample")
 TRANSFORM_STAGE = "dp_event"  # Transform.stage under which the integrator records events
+MIN_MULTIPLIER = 1e-12
 
 _PREFIX = "dp."
 _NODE = _PREFIX + "node/"
@@ -51,8 +52,11 @@ class DpRecord:
             raise ValueError(f"covers must name at least one device, each once, got {self.covers!r}")
         object.__setattr__(self, "covers", covers)
         object.__setattr__(self, "node", str(self.node))
-        if not (self.noise_multiplier > 0 and math.isfinite(self.noise_multiplier)):
-            raise ValueError(f"noise_multiplier must be a finite number > 0, got {self.noise_multiplier!r}")
+        if not (self.noise_multiplier >= MIN_MULTIPLIER and math.isfinite(self.noise_multiplier)):
+            # below it the accountant's arithmetic degenerates (1 / z^2 overflows); no mechanism of the project
+            # plans such a multiplier, so only a forged event states one
+            raise ValueError(f"noise_multiplier must be a finite number >= {MIN_MULTIPLIER:g}, got "
+                             f"{self.noise_multiplier!r}")
         if not (self.sensitivity > 0 and math.isfinite(self.sensitivity)):
             raise ValueError(f"sensitivity must be a finite number > 0, got {self.sensitivity!r}")
         if not 0.0 < self.sampling_rate <= 1.0:

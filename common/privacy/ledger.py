@@ -23,6 +23,15 @@ def _sort_key(r: DpRecord) -> tuple:
             r.sampling_rate, r.count)
 
 
+def lines_to_keep(lines: Sequence[dict], last_round: int, noise_source: str) -> list[dict]:
+    """The ledger lines a resume keeps when it redoes the rounds after `last_round` (its checkpoint). Secret noise:
+    all of them, since each redone round is a new release of fresh noise and is charged again. Seeded noise (a
+    replay): the redone rounds draw the very same noise, so their earlier lines go and they are charged once."""
+    if noise_source == "seeded":
+        return [line for line in lines if int(line["round"]) <= last_round]
+    return list(lines)
+
+
 class PrivacyLedger:
     """Records per device, composed with dp_accounting at `delta` by the `accountant` ("rdp" | "pld")."""
 
@@ -36,6 +45,7 @@ class PrivacyLedger:
         self.path = pathlib.Path(path) if path is not None else None
         self.records: list[DpRecord] = []
         self.rounds: list[int] = []
+        self.caveats: list[str] = []  # what the figures do not cover (e.g. seeded DP noise), on every line
 
     # -- building ------------------------------------------------------------------------------------
 
@@ -72,6 +82,8 @@ class PrivacyLedger:
         if self.path is not None:
             line = {"round": int(round_), **summary, "epsilon": eps, "events": [r.to_json() for r in records],
                     "delta": self.delta, "accountant": self.accountant}
+            if self.caveats:
+                line["caveats"] = list(self.caveats)
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.path, "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(line, sort_keys=True) + "\n")

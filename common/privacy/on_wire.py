@@ -70,6 +70,42 @@ def apply_noise(vec: np.ndarray, plan: Mapping[str, float], stream: str, rng: np
     return out, z, sens
 
 
+def mean_sensitivity(plan: Mapping[str, float], stream: str, weights: Sequence[float], planned: int
+                     ) -> dict[str, float]:
+    """The plan with `stream`'s sensitivity for the weighted mean really taken. The plan's figure assumes `planned`
+    equal-weight contributors (2 eta m G / s_c); replacing one device's data moves a weighted mean of uploads
+    clipped to eta m G by 2 eta m G max_i w_i / sum_i w_i, which is larger with fewer contributors (dropouts,
+    timeouts, refusals) or unequal weights. The multiplier z stays as planned, so the charge does too; the noise
+    std grows with the true sensitivity."""
+    key = f"noise_sens_{stream}"
+    w = np.asarray(weights, dtype=np.float64)
+    if key not in plan or w.size == 0 or not w.sum() > 0:
+        return dict(plan)
+    factor = max(1.0, planned * float(w.max() / w.sum()))
+    return {**plan, key: float(plan[key]) * factor}
+
+
+def check_device_records(records: Sequence[DpRecord], plan: Mapping[str, float], node: str, stream: str,
+                         expected: bool) -> None:
+    """A device's DP events against what the round plan told it to add: the edge refuses an event that states
+    another multiplier, sensitivity, mechanism, stream or count (a forged z would make the cloud's ledger charge
+    what the device chose), and an upload that omits the noise the plan requires."""
+    device = [r for r in records if r.tier == "device"]
+    if not expected:
+        if device:
+            raise WireError(grpc.StatusCode.INVALID_ARGUMENT, f"{node} reports device noise the plan did not ask for",
+                            "bad_dp_event")
+        return
+    z, sens = float(plan.get(f"noise_z_{stream}", 0.0)), float(plan.get(f"noise_sens_{stream}", 0.0))
+    want = (_EVENT_MECHANISM[shape_of(plan)], stream, 1, (node,))
+    ok = len(device) == 1 and (device[0].mechanism, device[0].stream, device[0].count, device[0].covers) == want \
+        and np.isclose(device[0].noise_multiplier, z, rtol=1e-9) and np.isclose(device[0].sensitivity, sens, rtol=1e-9)
+    if not ok:
+        raise WireError(grpc.StatusCode.INVALID_ARGUMENT,
+                        f"{node}'s DP event does not match the plan (z {z:.6g}, sensitivity {sens:.6g}, {stream})",
+                        "bad_dp_event")
+
+
 def record(tier: str, node: str, covers: Iterable[str], plan: Mapping[str, float], z: float, sens: float,
            round_: int, stream: str, sampling_rate: float = 1.0) -> DpRecord:
     return DpRecord(tier=tier, node=node, covers=tuple(covers), mechanism=_EVENT_MECHANISM[shape_of(plan)],

@@ -247,6 +247,7 @@ class DPSQCodec(GridCodec):
     """DP-SQ of paper 004 (Lemma 3): `bits` (default 4), `epsilon1` (required), `range_mode`, `clip`."""
 
     name = "dpsq"
+    private = True  # its coins are DP randomness, its exact error statistics leak the update
 
     def params(self, **raw) -> dict:
         _known(self.name, raw, self.base_allowed + ("epsilon1",))
@@ -268,6 +269,7 @@ class LaplaceSQCodec(GridCodec):
     `bits`, `epsilon1` (required, > 0), `rho` ("range" | "step" | number), `eps_scope`, `range_mode`, `clip`."""
 
     name = "laplace-sq"
+    private = True
 
     def params(self, **raw) -> dict:
         _known(self.name, raw, self.base_allowed + ("epsilon1", "rho", "eps_scope"))

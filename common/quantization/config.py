@@ -37,8 +37,10 @@ class PrecisionSection:
                                "cso (paper 004 eq. 27); auto = the algorithm's")
     fusion: str = choice("auto", FUSIONS, "the cloud's fusion weights (relay algorithms): uniform, fwo (eq. 14), fedhq "
                          "(LaplaceSQ-FL baseline); auto = the algorithm's")
-    distortion_estimate: str = choice("device", DISTORTION_ESTIMATES, "FWO's squared quantization error E(Q(v)-v)^2 (digest 004 P3): device "
-                                      "(eq. 7 reported by the device), uniform_cell, bound (4 d C^2 / (2^b-1)^2)")
+    distortion_estimate: str = choice("uniform_cell", DISTORTION_ESTIMATES, "FWO's squared quantization error E(Q(v)-v)^2 (digest 004 P3): "
+                                      "uniform_cell (the cloud's, from the received range and bits; default: nothing "
+                                      "un-noised leaves the device), device (eq. 7 reported by the device: the paper's "
+                                      "option, an exact function of the update sent in the clear), bound (4 d C^2 / (2^b-1)^2)")
 
 
 def _fail(key: str, message: str) -> None:

@@ -1,4 +1,6 @@
 """Quantizing codecs on the wire: sizes, round trips, Link integration and every refusal."""
+import dataclasses
+
 import grpc
 import numpy as np
 import pytest
@@ -84,6 +86,13 @@ def test_links_carry_codecs_with_config_params_seeded_rng_and_overrides():
                         "pipeline.params.backhaul_encoding.levels=10"])
     vec = np.random.default_rng(3).normal(size=257).astype(np.float32)
     up, back = Link.from_config(cfg.pipeline, "uplink"), Link.from_config(cfg.pipeline, "backhaul")
+    # dpsq's coins are DP randomness: secret by default (two sends of one vector differ), and its error statistics
+    # stay on the device
+    secret_a, secret_t = up.send(vec, "delta", 11, 5, 2, 0)
+    secret_b, _ = up.send(vec, "delta", 11, 5, 2, 0)
+    assert secret_a.data != secret_b.data
+    assert not {"q_measured", "sq_error", "expected_distortion"} & set(secret_t[0].params)
+    up = dataclasses.replace(up, dp_source="seeded", private_stats=True)  # a replay, FWO on the device's word
 
     tensor, transforms = up.send(vec, "delta", 11, 5, 2, 0)
     again, _ = up.send(vec, "delta", 11, 5, 2, 0)

@@ -97,7 +97,7 @@ def test_bad_precision_settings_name_their_key(overrides, key):
 
 def _uploads(c, dim, nodes, r, drawn):
     """What each drawn device sends: its own clipped, DP-SQ-quantized delta at its own bits and epsilon1."""
-    link = Link.from_config(c.pipeline, "uplink")
+    link = Link.device_uplink(c)
     rng = np.random.default_rng(5)
     out = {}
     for node in nodes:
@@ -119,7 +119,7 @@ def _relay(edge, uploads):
 
 @pytest.mark.parametrize("rule", ["fwo", "uniform", "fedhq"])
 def test_per_edge_partial_fusion_equals_the_papers_fusion_over_all_devices(tmp_path, rule):
-    c = cfg([f"precision.fusion={rule}"])
+    c = cfg([f"precision.fusion={rule}", "precision.distortion_estimate=device"])  # the paper's option (a)
     dim = 300
     center = FusionCenter(c, dim, tmp_path)
     drawn, sizes = center.draw(0)

@@ -114,7 +114,12 @@ def test_dp_fedavg_sound_std_uses_max_weight():
     assert p == pytest.approx(np.array(sizes) / (0.5 * 1000))
     s = calibrate_dp_fedavg(epsilon=2.0, delta=1e-5, rounds=50, client_rate=0.1, clip=0.8, sizes=sizes)
     assert s.std == pytest.approx(s.noise_multiplier * 0.8 * 6.0)  # z S max_k p_k, max p = 600 / (0.1 * 1000)
-    assert 1.9 <= s.epsilon <= 2.0 and s.sampling_rate == 0.1 and s.tier == "edge"
+    # the edge's report shows the draw to the cloud: every round charged unsampled (issue 18, item 3)
+    assert 1.9 <= s.epsilon <= 2.0 and s.sampling_rate == 1.0 and s.tier == "edge"
+    assert s.epsilon == pytest.approx(epsilon_of_releases([("gaussian", s.noise_multiplier, 1.0, 50)], 1e-5))
+    amplified = calibrate_dp_fedavg(epsilon=2.0, delta=1e-5, rounds=50, client_rate=0.1, clip=0.8, sizes=sizes,
+                                    amplified=True)
+    assert amplified.sampling_rate == 0.1 and amplified.noise_multiplier < s.noise_multiplier / 3
 
 
 def test_dp_fedavg_paper_mode_is_labelled_and_under_noised():

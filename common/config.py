@@ -34,6 +34,9 @@ class RunSection:
     rounds: int = doc(8, "global (cloud) rounds", min=1)
     algorithm: str = choice("hierfavg", "hfl.common.plans:ALGORITHMS", "round schedule")
     eval_every: int = doc(1, "evaluate the global model every this many rounds (the last round always)", min=1)
+    plugins: tuple[str, ...] = doc((), "modules every process imports before the config is checked (their "
+                                       "registrations become valid names; also $HFL_PLUGINS, comma-separated); "
+                                       "see docs/plugins.md")
 
 
 @dataclass(frozen=True)
@@ -272,6 +275,9 @@ def from_dict(data: Mapping[str, Any], check_choices: bool = True) -> Config:
     """Build a Config; `check_choices=False` skips registry look-ups (and their heavy imports)
     for a config the cloud already validated."""
     config = _build(Config, data, "")
+    from hfl.common.plugins import load_plugins
+
+    load_plugins(config.run.plugins)
     if check_choices:
         validate_choices(config)
         validate_cross(config)
@@ -321,6 +327,7 @@ def validate_cross(config: Config) -> None:
     from hfl.common.channel.config import validate_channel
 
     validate_channel(config.channel, config.clock)
+    validate_pipeline(config)  # after the mechanism sections, whose own messages name their keys
     try:  # a round plan the algorithm cannot build (e.g. h2fdp's tau not a multiple of m) is a config error
         plans.build_plan(config)
     except ValueError as exc:
@@ -345,6 +352,59 @@ def validate_cross(config: Config) -> None:
             plane_for(config)
         except ValueError as exc:
             raise ConfigError(f"channel.window_radius / channel.lambda_p: {exc}") from None
+
+
+HOP_SECTIONS = ("uplink_encoding", "backhaul_encoding", "downlink_encoding")
+
+
+def validate_pipeline(config: Config) -> None:
+    """[pipeline.params.*] before any process starts: every table names a registered stage, codec, channel,
+    aggregator or hop; the codecs of the three hops accept their parameters (unknown and required ones); the
+    stages in use accept theirs (by their signature, when it has no **params)."""
+    import inspect
+
+    from hfl.common import pipeline, plans, wire
+    from hfl.common.pipeline import Link
+
+    p = config.pipeline
+    registries = {"pipeline stage": pipeline.VECTOR_STAGES, "codec": wire.CODECS, "channel": pipeline.CHANNELS,
+                  "aggregator": pipeline.AGGREGATORS}
+    known = set(HOP_SECTIONS).union(*(r.names() for r in registries.values()))
+    for name, params in p.params.items():
+        if name not in known:
+            raise ConfigError(f"[pipeline.params.{name}]: no stage, codec, channel or aggregator is called {name!r}; "
+                              f"allowed: {', '.join(sorted(known))}")
+        if not isinstance(params, Mapping):
+            raise ConfigError(f"pipeline.params.{name} must be a table of parameters, got {params!r}")
+    for hop, build in (("uplink", lambda: Link.device_uplink(config)), ("backhaul", lambda: Link.from_config(p, "backhaul")),
+                       ("downlink", lambda: Link.from_config(p, "downlink"))):
+        try:
+            build()
+        except ValueError as exc:
+            encoding = getattr(p, f"{hop}_encoding")
+            raise ConfigError(f"pipeline.{hop}_encoding = {encoding!r} ([pipeline.params.{encoding}]): {exc}") from None
+    used = [("clip", p.clip, pipeline.VECTOR_STAGES), ("device_noise", p.device_noise, pipeline.VECTOR_STAGES),
+            ("edge_noise", p.edge_noise, pipeline.VECTOR_STAGES), ("uplink_channel", p.uplink_channel, pipeline.CHANNELS),
+            ("backhaul_channel", p.backhaul_channel, pipeline.CHANNELS), ("aggregate", p.aggregate, pipeline.AGGREGATORS)]
+    for key, name, registry in used:
+        params = dict(p.params.get(name, {}))
+        try:
+            sig = inspect.signature(registry.get(name))
+        except (TypeError, ValueError):
+            continue
+        fixed = list(sig.parameters.values())[2:]  # (vec, rng, ...) or (vectors, weights, ...)
+        if any(q.kind is q.VAR_KEYWORD for q in fixed):
+            accepted = None
+        else:
+            accepted = [q.name for q in fixed if q.kind in (q.POSITIONAL_OR_KEYWORD, q.KEYWORD_ONLY)]
+        if accepted is not None and set(params) - set(accepted):
+            raise ConfigError(f"[pipeline.params.{name}]: unknown parameter(s) {sorted(set(params) - set(accepted))} "
+                              f"for pipeline.{key} = {name!r}; allowed: {', '.join(accepted) or 'none'}")
+        required = [q.name for q in fixed if q.default is q.empty and q.kind in (q.POSITIONAL_OR_KEYWORD, q.KEYWORD_ONLY)]
+        missing = [r for r in required if r not in params]
+        private = config.privacy.enabled or plans.ALGORITHMS.get(config.run.algorithm).privacy
+        if missing and not private:  # a private algorithm's plan carries the clip and noise parameters
+            raise ConfigError(f"pipeline.{key} = {name!r} needs [pipeline.params.{name}] {', '.join(missing)} = ...")
 
 
 def _check_layer_clips(config: Config) -> None:

@@ -87,16 +87,17 @@ def _find(root: pathlib.Path, stem: str) -> pathlib.Path:
     raise DataError(f"missing {stem}[.gz] under {root} (expected the standard IDX file names)")
 
 
-# Where a dataset's files are looked for when data.root is unset: $HFL_DATASETS/<name>, the environment's
-# share/datasets/<name> (the Docker image's venv), then the Debian package's folder.
+# Where a dataset's files are looked for when data.root is unset: $HFL_DATASETS/<name> alone when that is set,
+# else the environment's share/datasets/<name> (the Docker image's venv), then the Debian package's folder.
 DEBIAN_PACKAGES = {"fashion-mnist": "dataset-fashion-mnist"}
 IDX_STEMS = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 
 
 def default_roots(name: str) -> list[pathlib.Path]:
-    roots = [pathlib.Path(os.environ["HFL_DATASETS"]).expanduser() / name] if os.environ.get("HFL_DATASETS") else []
-    return roots + [pathlib.Path(sys.prefix) / "share" / "datasets" / name, pathlib.Path("/usr/share/datasets") / name,
-                    pathlib.Path("/usr/local/share/datasets") / name]
+    if os.environ.get("HFL_DATASETS"):
+        return [pathlib.Path(os.environ["HFL_DATASETS"]).expanduser() / name]
+    return [pathlib.Path(sys.prefix) / "share" / "datasets" / name, pathlib.Path("/usr/share/datasets") / name,
+            pathlib.Path("/usr/local/share/datasets") / name]
 
 
 def resolve_root(name: str, root: str) -> pathlib.Path:

@@ -235,7 +235,9 @@ class RoundSchedule:
     def describe(self) -> dict:
         """summary.json entry: how tau and gamma were set, and the latency model behind virtual_seconds."""
         s = self.cfg.latency
-        out: dict = {"mode": "auto" if self.auto else "fixed", "time_base": self.time_base}
+        out: dict = {"mode": "auto" if self.auto else "fixed"}
+        if self.model is not None:
+            out["time_base"] = self.time_base
         if self.model is not None:
             out["latency_model"] = {"formula": self.model.reference, "t_cp_s": s.t_cp_s, "t_de_s": s.t_de_s,
                                     "t_ec_s": s.t_ec_s, "uploads": s.uploads, "virtual_seconds": self.virtual}

@@ -65,6 +65,13 @@ def hierfavg(cfg) -> list[pb.Phase]:
     return edge_round * cfg.train.tau + [phase(CLOUD_SYNC)]
 
 
+def fedavg(cfg) -> list[pb.Phase]:
+    """FedAvg (McMahan et al. 2017): every device trains gamma local steps (or epochs: train.local_unit), one
+    sample-weighted mean per cloud round. The edges pass through: each sends its cluster's sample-weighted mean
+    with its sample count, so the cloud's mean is the flat FedAvg mean over all devices. train.tau is unused."""
+    return [local_sgd(cfg.train), phase(EDGE_MODEL_SYNC), phase(CLOUD_SYNC)]
+
+
 def qhetfed(cfg) -> list[pb.Phase]:
     """QHetFed (paper 001, Alg. 1) without quantization: tau edge gradient steps, gamma local steps,
     model deltas to the edge, cloud sync weighted by N_l / N."""
@@ -142,6 +149,8 @@ def quantized_fl(cfg) -> list[pb.Phase]:
 
 
 ALGORITHMS.register("hierfavg", Algorithm("hierfavg", hierfavg, "samples", "samples", "Liu et al., ICC 2020"))
+ALGORITHMS.register("fedavg", Algorithm("fedavg", fedavg, "samples", "samples",
+                                        "McMahan et al., AISTATS 2017 (FedAvg); edges pass through"))
 ALGORITHMS.register("qhetfed", Algorithm("qhetfed", qhetfed, "devices", "devices", "paper 001, Algorithm 1"))
 ALGORITHMS.register("qhetfed-gamma1", Algorithm("qhetfed-gamma1", qhetfed_gamma1, "devices", "devices",
                                                 "paper 001, Corollary 2 (gamma = 1)"))

@@ -149,7 +149,7 @@ async def wait_serving(chan: grpc.aio.Channel, timeout: float, what: str) -> Non
     stub = health_pb2_grpc.HealthStub(chan)
     deadline = time.monotonic() + timeout
     last = "no answer"
-    hinted = False
+    hinted = announced = False
     while time.monotonic() < deadline:
         try:
             reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2.0)
@@ -161,6 +161,9 @@ async def wait_serving(chan: grpc.aio.Channel, timeout: float, what: str) -> Non
             if exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
                 raise
             details = (exc.details() or "").lower()
+            if not announced:
+                announced = True
+                log.info("%s not there yet (%s): retrying for up to %.0fs", what, exc.code().name, timeout)
             if not hinted and any(k in details for k in ("handshake", "ssl", "socket closed", "tls")):
                 hinted = True
                 log.warning("%s answers but the connection closes (%s): if it speaks TLS, check that this node uses "

@@ -1,11 +1,19 @@
 """`hfl`: one entry point for the whole emulator.
 
     hfl run [CONFIG] [--set section.key=value ...] [--out DIR]   everything on 127.0.0.1, live progress
+    hfl run --resume RUN_DIR                                      continue an interrupted run from its checkpoint
     hfl sweep SPEC.toml [--out DIR] [--jobs N] [--dry-run]        a grid of runs over seeds, table and plots
-    hfl cloud | edge | devices ...                                one role (containers, real machines)
-    hfl config [CONFIG] [--set ...] [--reference]                 print the resolved config or the key reference
+    hfl cloud | hfl edge | hfl devices ...                        one role (containers, real machines)
+    hfl config [CONFIG] [--set ...] [--reference]                 check and print the resolved config, or the key reference
     hfl health ADDRESS                                            probe a server's gRPC health service
     hfl certs init | issue ROLE ID | show FILE                    mutual TLS: CA and node certificates
+    hfl attack [CONFIG] [--set ...]                               gradient inversion (DLG) on a quantized device update
+    hfl audit privacy [CONFIG] [--set ...] [--trials N]           empirical lower bound on one release's epsilon
+    hfl plan [CONFIG] [--set ...]                                 paper 001's (tau, gamma) for a deadline
+    hfl --version
+
+Plugins (your own model, dataset, stage, codec, algorithm): run.plugins = ["my_module"] or HFL_PLUGINS; see
+docs/plugins.md.
 """
 from __future__ import annotations
 
@@ -15,7 +23,9 @@ import logging
 import os
 import signal
 import sys
+import time
 
+STARTED = time.monotonic()  # `hfl run` reports the whole wall time from here, imports and config checks included
 
 def _setup_logging(role: str) -> None:
     logging.basicConfig(level=os.environ.get("HFL_LOG_LEVEL", "INFO"), stream=sys.stderr,
@@ -43,6 +53,9 @@ def _run_async(coro_factory) -> int:
     except asyncio.CancelledError:
         logging.getLogger("hfl").warning("stopped by signal")
         return 143
+    except TimeoutError as exc:  # an upstream that never came: one line, not a traceback
+        logging.getLogger("hfl").error("%s", exc)
+        return 1
     except Exception:
         logging.getLogger("hfl").exception("fatal error")
         return 1
@@ -68,7 +81,7 @@ def cmd_edge(args) -> int:
 
     tls = _tls(args, "edge")
     return _run_async(lambda: serve(args.id, args.listen, args.cloud, args.port_file, wait_s=args.wait, trust=args.trust,
-                                    **tls.edge_kwargs(args.id)))
+                                    rejoin=args.rejoin, **tls.edge_kwargs(args.id)))
 
 
 def cmd_devices(args) -> int:
@@ -93,8 +106,13 @@ def cmd_config(args) -> int:
 
     if args.reference:
         print(config_mod.reference())
-    else:
-        print(config_mod.to_toml(config_mod.load(args.config, args.overrides)), end="")
+        return 0
+    cfg = config_mod.load(args.config, args.overrides)
+    if not args.no_data_check:
+        from hfl.preflight import preflight
+
+        preflight(cfg)
+    print(config_mod.to_toml(cfg), end="")
     return 0
 
 
@@ -154,7 +172,8 @@ def cmd_run(args) -> int:
     out = args.resume or args.out
     try:
         return run_with_progress(args.config, args.overrides, out, quiet=args.quiet, certs=args.certs,
-                                 resume=bool(args.resume), force=args.force, allow_deaths=args.allow_deaths)
+                                 resume=bool(args.resume), force=args.force, allow_deaths=args.allow_deaths,
+                                 t0=STARTED)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
@@ -173,8 +192,18 @@ def _add_tls_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--key", help="this node's private key (PEM)")
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("hfl-emulator")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hfl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("run", help="run a whole experiment on this machine with live progress")
@@ -216,6 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cloud", required=True, help="cloud address HOST:PORT")
     p.add_argument("--port-file", help="write the bound port here once listening")
     p.add_argument("--wait", type=float, default=300.0, help="seconds to wait for the cloud to be SERVING")
+    p.add_argument("--rejoin", action="store_true", help="join a run already under way (a resumed cloud): register "
+                                                         "with rejoin at once")
     p.add_argument("--trust", choices=["", "trusted", "untrusted"], default=os.environ.get("HFL_TRUST", ""),
                    help="this site's own trust claim (default $HFL_TRUST): untrusted makes its devices add their own "
                         "DP noise; a site can lower the cloud's policy, never raise it")
@@ -234,6 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("config", help="print the resolved config (or --reference: every key)")
     _add_config_args(p)
     p.add_argument("--reference", action="store_true", help="print the table of every key, default and meaning")
+    p.add_argument("--no-data-check", action="store_true",
+                   help="skip the checks that load the dataset and build the model (data present, devices against "
+                        "samples, model against data shape), e.g. to write a config for another machine")
     p.set_defaults(func=cmd_config)
 
     p = sub.add_parser("certs", help="mutual TLS: create a CA, issue node certificates")
@@ -281,19 +315,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from hfl.common.config import ConfigError
+
     if args.command in ("cloud", "edge", "devices"):
         from hfl.testbed import die_with_parent
 
         die_with_parent()  # a node launched by `hfl run` / the Testbed
         _setup_logging(args.command)
-        from hfl.common.config import ConfigError
-
         try:
+            from hfl.common.plugins import load_plugins
+
+            load_plugins()  # $HFL_PLUGINS (containers); run.plugins come with the config
             return args.func(args)
         except (ConfigError, ValueError) as exc:
             logging.getLogger("hfl").error("%s", exc)
             return 2
-    return args.func(args)
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -6,10 +6,11 @@ import time
 
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from hfl.common import metrics
-from hfl.testbed import Testbed, TestbedError
+from hfl.testbed import RunFinished, Testbed, TestbedError, error_line
 
 
 def _fmt_bytes(n: float) -> str:
@@ -46,20 +47,45 @@ def _interrupt(*_) -> None:
     raise KeyboardInterrupt  # SIGTERM stops the whole testbed like Ctrl-C
 
 
+def resume_command(run_dir) -> str:
+    import shlex
+
+    return f"hfl run --resume {shlex.quote(str(run_dir))}"
+
+
+class _DeathNotices:
+    """One line per node death, printed as soon as the launcher sees it (the run goes on without the node)."""
+
+    def __init__(self, bed: Testbed, console: Console):
+        self.bed, self.console, self.seen = bed, console, set()
+
+    def __call__(self) -> None:
+        for node in self.bed.failures():
+            key = (node.name, node.started_at)
+            if key not in self.seen:
+                self.seen.add(key)
+                self.console.print(f"[yellow]{node.name} died (exit {node.returncode()})[/yellow]: "
+                                   + escape(f"{error_line(node.log_path)}; the run goes on without it "
+                                            f"(log {node.log_path})"), highlight=False)
+
+
 def run_with_progress(config, overrides, out=None, quiet: bool = False, certs: str | None = None, resume: bool = False,
-                      force: bool = False, allow_deaths: bool = False) -> int:
-    """Run a whole testbed. A dead edge or device host is a fault the run goes on without: every death is
-    recorded in summary.json, and the exit status is 1 at the end unless `allow_deaths`."""
+                      force: bool = False, allow_deaths: bool = False, t0: float | None = None) -> int:
+    """Run a whole testbed. A dead edge or device host (after start-up) is a fault the run goes on without: every
+    death is recorded in summary.json, and the exit status is 1 at the end unless `allow_deaths`. A node that dies
+    during start-up stops the run at once, naming the node, its exit code and its error line."""
     console = Console(stderr=True)
+    launched = t0 if t0 is not None else time.monotonic()
     bed = Testbed(config, overrides, run_dir=out, certs=certs, resume=resume, force=force, tolerate_failures=True)
-    started = time.monotonic()
+    started = launched
     signal.signal(signal.SIGTERM, _interrupt)
     rows: list[dict] = []
+    notices = _DeathNotices(bed, console)
     try:
         console.print(f"run directory: {bed.run_dir}")
         bed.start()
         if quiet or not console.is_terminal:
-            for row in bed.iter_metrics(timeout=24 * 3600):
+            for row in bed.iter_metrics(timeout=24 * 3600, on_poll=notices):
                 rows.append(row)
                 acc = "-" if row["accuracy"] is None else f"{100 * row['accuracy']:.2f}%"
                 eps = f"  epsilon {row['epsilon_max']:.3g}" if "epsilon_max" in row else ""
@@ -70,6 +96,7 @@ def run_with_progress(config, overrides, out=None, quiet: bool = False, certs: s
             with Live(_table(bed, rows, started, "starting"), console=console, refresh_per_second=4) as live:
                 while not bed.finished():
                     bed.check()
+                    notices()
                     rows = bed.metrics()
                     dead = len(bed.deaths())
                     phase = (f"{len(bed.running())} processes running" + (f", {dead} died" if dead else "")
@@ -82,20 +109,37 @@ def run_with_progress(config, overrides, out=None, quiet: bool = False, certs: s
         deaths = bed.deaths()
         if deaths:
             summary["node_deaths"] = deaths
-            metrics.write_json(bed.run_dir / "summary.json", summary)
+        summary["total_seconds"] = round(time.monotonic() - launched, 2)  # from the command's start
+        metrics.write_json(bed.run_dir / "summary.json", summary)
+    except RunFinished as exc:
+        console.print(str(exc), markup=False, highlight=False, soft_wrap=True)
+        return 0
     except KeyboardInterrupt:
-        console.print("[yellow]interrupted: stopping every process[/yellow]")
         bed.close()
+        if (bed.run_dir / "checkpoint.npz").exists():
+            console.print(f"[yellow]interrupted: stopping every process[/yellow]; continue this run with:\n  "
+                          f"{resume_command(bed.run_dir)}", highlight=False, soft_wrap=True)
+        else:
+            console.print("[yellow]interrupted: stopping every process[/yellow] (no round finished, nothing to "
+                          "resume: run the same command again)", highlight=False)
         return 130
     except TestbedError as exc:
-        console.print(f"[red]run failed[/red]: {exc}")
+        head, _, detail = str(exc).partition("\n")
+        console.print("[red]run failed[/red]: " + escape(head), highlight=False)
+        if detail:
+            console.print(detail, markup=False, highlight=False)
         console.print(f"logs: {bed.logs}")
         return 1
     finally:
         bed.close()
     final = "-" if summary["final_accuracy"] is None else f"{100 * summary['final_accuracy']:.2f}%"
-    console.print(f"final accuracy {final} after {summary['rounds']} rounds "
-                  f"in {summary['wall_seconds']:.1f}s ({summary['algorithm']}, seed {summary['seed']})")
+    total = summary["total_seconds"]
+    startup = summary.get("startup_seconds")
+    console.print(f"final accuracy {final} after {summary['rounds']} rounds in {total:.1f}s "
+                  + (f"(start-up {startup:.1f}s, rounds {summary['wall_seconds']:.1f}s) " if startup is not None else "")
+                  + f"({summary['algorithm']}, seed {summary['seed']})")
+    if summary.get("not_learning"):
+        console.print(f"[yellow]not learning[/yellow]: {summary['not_learning']}", highlight=False)
     if summary.get("privacy"):
         claimed = f", paper's claim {summary['epsilon_claimed']:.3g} (not measured)" if "epsilon_claimed" in summary else ""
         console.print(f"privacy: epsilon {summary['epsilon']:.3g} by the accountant (budget "

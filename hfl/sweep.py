@@ -48,6 +48,7 @@ DEFAULT_REPORT = {"fields": ["final_accuracy"], "curves": ["accuracy"], "x": ["r
                   "target": None, "audit": None}
 TARGET_COLUMNS = ("round", "emulated_seconds", "energy_joules_total", "wall_seconds")
 VARIANT = "variant"  # the varied key that names a [variants.NAME] table
+TIMING = {"total_seconds": "whole run s (start-up incl.)", "startup_seconds": "start-up s"}  # always tabulated
 
 
 class SweepError(ValueError):
@@ -308,8 +309,9 @@ def aggregate(spec: Spec, runs: list[Run], errors: dict[pathlib.Path, str]) -> l
         eps_keys = sorted({k for s in summaries.values() for k in epsilon_fields(s)})
         stats = {f: mean_std([_numbers(s).get(f) for s in summaries.values()]) for f in spec.report["fields"]}
         eps = {k: mean_std([epsilon_fields(s).get(k) for s in summaries.values()]) for k in eps_keys}
+        timing = {k: mean_std([s.get(k) for s in summaries.values()]) for k in TIMING}
         out.append({"cell": cell, "varied": members[0].varied, "seeds": [r.seed for r in members],
-                    "finished": sorted(summaries), "stats": stats, "epsilon": eps,
+                    "finished": sorted(summaries), "stats": stats, "epsilon": eps, "timing": timing,
                     "runs": [{"seed": r.seed, "run_dir": str(r.run_dir), "done": r.done,
                               **({"error": errors[r.run_dir]} if r.run_dir in errors else {}),
                               **({f: _numbers(summaries[r.seed]).get(f) for f in spec.report["fields"]}
@@ -321,19 +323,25 @@ def _fmt(stat: dict) -> str:
     if stat["n"] == 0:
         return "n/a"
     digits = 4 if abs(stat["mean"]) < 100 else 1
+    if stat["n"] == 1:  # one run: no spread to show
+        return f"{stat['mean']:.{digits}f} (n = 1)"
     return f"{stat['mean']:.{digits}f} ± {stat['std']:.{digits}f}"
 
 
 def markdown(spec: Spec, cells: list[dict]) -> str:
     eps_keys = sorted({k for c in cells for k in c["epsilon"]})
-    head = (["cell"] + spec.varied_keys + ["runs"] + [f"{f} (mean ± std)" for f in spec.report["fields"]]
-            + [epsilon_label(k) for k in eps_keys])
+    head = (["cell"] + spec.varied_keys + ["runs"] + list(TIMING.values())
+            + [f"{f} (mean ± std)" for f in spec.report["fields"]] + [epsilon_label(k) for k in eps_keys])
     lines = [f"# Sweep {spec.name}", "", f"Spec: `{spec.path}`. Mean ± sample standard deviation over seeds "
-             f"(n = finished runs).", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+             f"(n = finished runs). A run's whole time counts everything from its config check to its last process "
+             f"exiting; `wall_seconds` counts its rounds only.", "", "| " + " | ".join(head) + " |",
+             "|" + "---|" * len(head)]
     for c in cells:
         row = ([c["cell"]] + [json.dumps(c["varied"][k]) if not isinstance(c["varied"][k], str) else c["varied"][k]
                               for k in spec.varied_keys]
-               + [f"{len(c['finished'])}/{len(c['seeds'])}"] + [_fmt(c["stats"][f]) for f in spec.report["fields"]]
+               + [f"{len(c['finished'])}/{len(c['seeds'])}"]
+               + [_fmt(c.get("timing", {}).get(k, {"n": 0})) for k in TIMING]
+               + [_fmt(c["stats"][f]) for f in spec.report["fields"]]
                + [_fmt(c["epsilon"][k]) if k in c["epsilon"] else "-" for k in eps_keys])
         lines.append("| " + " | ".join(row) + " |")
     if spec.variants:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import os
 import pathlib
+import re
 import resource
 import signal
 import subprocess
@@ -60,7 +61,26 @@ def die_with_parent() -> None:
 
 
 class TestbedError(RuntimeError):
-    pass
+    __test__ = False  # not a pytest test class
+
+
+class RunFinished(TestbedError):
+    """--resume of a run that already ended: nothing to do, nothing changed."""
+
+
+_ERROR_LINE = re.compile(r"^([\w.]*(Error|Exception|Interrupt)\b|[\w.-]+: error:)")
+
+
+def error_line(path: pathlib.Path) -> str:
+    """The line of a node's log that says why it stopped: the last ERROR / CRITICAL record or exception line,
+    else the last line."""
+    if not path.exists():
+        return "(no log)"
+    lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if " ERROR " in ln or " CRITICAL " in ln or _ERROR_LINE.match(ln):
+            return ln
+    return lines[-1] if lines else "(empty log)"
 
 
 def core_host_name(index: int) -> str:
@@ -91,6 +111,7 @@ def _log_tail(path: pathlib.Path, lines: int = 25) -> str:
 
 @dataclass
 class Testbed:
+    __test__ = False  # a fixture, not a pytest test class (no collection warning when imported into a test module)
     config: config_mod.Config | str | os.PathLike | None = None
     overrides: Sequence[str] = ()
     run_dir: str | os.PathLike | None = None
@@ -132,6 +153,10 @@ class Testbed:
             self.extra_args = {**testbed_tls_args(self.certs, cfg), **self.extra_args}
         self.ports = self.run_dir / "ports"
         self.launched = time.monotonic()
+        self._rows_at_start = 0
+        self._rounds_running = False
+        self._created = time.monotonic()  # whole wall time: config checks and start-up included
+        self.data_info: dict = {}
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def __enter__(self) -> "Testbed":
@@ -150,7 +175,10 @@ class Testbed:
         return node
 
     def _launch(self, node: Node, restarted: bool = False) -> None:
+        from hfl.common.plugins import child_pythonpath
+
         env = dict(os.environ, PYTHONUNBUFFERED="1", HFL_PARENT_PID=str(os.getpid()), **(self.env or {}))
+        env["PYTHONPATH"] = child_pythonpath(env)  # what the launcher imported (plugins), its children can import
         if restarted:  # a restarted cloud's start-up runs from its own launch
             env.pop("HFL_LAUNCHED_AT", None)
         with open(node.log_path, "ab") as log:
@@ -165,15 +193,21 @@ class Testbed:
                 node.address = f"127.0.0.1:{port_file.read_text().strip()}"
                 return node.address
             if node.returncode() is not None:
-                raise TestbedError(f"{node.name} exited with {node.returncode()} before listening:\n{_log_tail(node.log_path)}")
+                raise TestbedError(f"{node.name} exited with {node.returncode()} before listening: "
+                                   f"{error_line(node.log_path)}\n{_log_tail(node.log_path)}")
             time.sleep(0.05)
         raise TestbedError(f"{node.name} did not listen within {self.start_timeout}s:\n{_log_tail(node.log_path)}")
 
     def start(self) -> "Testbed":
         from hfl.common.rundir import check_run_dir
+        from hfl.preflight import preflight
 
+        if self.resume and (self.run_dir / "summary.json").is_file():
+            raise RunFinished(self._finished_message())
+        self.data_info = preflight(self.cfg)  # data, partition and model: a ConfigError before any process starts
         self.run_dir.mkdir(parents=True, exist_ok=True)
         check_run_dir(self.run_dir, self.resume, self.force)
+        self._rows_at_start = len(self.metrics())
         self.logs.mkdir(exist_ok=True)
         self.ports.mkdir(exist_ok=True)
         for stale in self.ports.glob("*"):
@@ -193,7 +227,8 @@ class Testbed:
             for e in range(self.cfg.topology.edges):
                 name = edge_id(e)
                 edges.append(self._spawn(name, ["edge", "--id", name, "--listen", "127.0.0.1:0", "--cloud", cloud_address,
-                                                "--port-file", str(self.ports / name)]))
+                                                "--port-file", str(self.ports / name)]
+                                         + (["--rejoin"] if self.resume else [])))
             if self.cfg.topology.host_layout == "per_edge":
                 for e, edge in enumerate(edges):
                     address = self._wait_port(edge, deadline)
@@ -241,10 +276,17 @@ class Testbed:
         return {"node": node.name, "seconds_after_launch": round(time.monotonic() - self.launched, 1),
                 "exit_status": node.returncode(), "log_tail": _log_tail(node.log_path, 12)}
 
+    def node(self, name: str) -> Node:
+        """The node called `name`; an unknown name is a TestbedError listing the valid ones."""
+        try:
+            return self.nodes[name]
+        except KeyError:
+            raise TestbedError(f"no node {name!r} in this testbed; nodes: {', '.join(self.nodes) or 'none started'}") from None
+
     def restart(self, name: str, resume: bool = False) -> Node:
         """Start a node again with the same arguments (a server on the same address, so that its
         clients can reconnect); `resume` restarts the cloud on its checkpoint."""
-        node = self.nodes[name]
+        node = self.node(name)
         if node.returncode() is None:
             raise TestbedError(f"{name} is still running")
         if not node.expected_exit:
@@ -264,7 +306,7 @@ class Testbed:
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Stop one node on purpose (SIGKILL by default: a crash); its death is not counted as a failure."""
-        node = self.nodes[name]
+        node = self.node(name)
         node.expected_exit = True
         if node.returncode() is None:
             os.killpg(node.proc.pid, sig)
@@ -296,8 +338,9 @@ class Testbed:
     def finished(self) -> bool:
         return self.nodes["cloud"].returncode() == 0
 
-    def iter_metrics(self, timeout: float = 600.0, poll: float = 0.2) -> Iterator[dict]:
-        """Yield each round's metrics as the cloud writes them, until the run ends."""
+    def iter_metrics(self, timeout: float = 600.0, poll: float = 0.2, on_poll=None) -> Iterator[dict]:
+        """Yield each round's metrics as the cloud writes them, until the run ends (`on_poll()` is called at every
+        poll, e.g. to report node deaths at once)."""
         seen = 0
         deadline = time.monotonic() + timeout
         while True:
@@ -305,6 +348,8 @@ class Testbed:
             yield from rows[seen:]
             seen = len(rows)
             self.check()
+            if on_poll is not None:
+                on_poll()
             if self.nodes["cloud"].returncode() == 0:
                 yield from self.metrics()[seen:]
                 return
@@ -312,16 +357,27 @@ class Testbed:
                 raise TestbedError(f"run did not finish within {timeout}s")
             time.sleep(poll)
 
+    def rounds_running(self) -> bool:
+        """Whether the run wrote a round since this testbed started it (start-up is over)."""
+        if not self._rounds_running:
+            self._rounds_running = len(self.metrics()) > self._rows_at_start
+        return self._rounds_running
+
     def check(self) -> None:
-        """Raise TestbedError (after stopping everything) if any process failed (only the cloud, when
-        failures are tolerated: the others' deaths are faults the run goes on without)."""
+        """Raise TestbedError (after stopping everything) if any process failed. When failures are tolerated, the
+        deaths of edges and device hosts after the first round are faults the run goes on without; the cloud's
+        death, and any death during start-up (a node that cannot start would leave the cloud waiting out its join
+        timeout), still stop everything at once."""
         failed = self.failures()
-        if self.tolerate_failures:
+        if self.tolerate_failures and failed and self.rounds_running():
             failed = [n for n in failed if n.name == "cloud"]
         if failed:
+            first = failed[0]
+            when = "" if self._rounds_running else " during start-up"
             detail = "\n".join(f"--- {n.name} exited {n.returncode()}:\n{_log_tail(n.log_path)}" for n in failed)
             self.close()
-            raise TestbedError(f"{', '.join(n.name for n in failed)} failed\n{detail}")
+            raise TestbedError(f"{first.name} exited with {first.returncode()}{when}: {error_line(first.log_path)} "
+                               f"(log {first.log_path}); stopped the other processes\n{detail}")
 
     def wait(self, timeout: float = 600.0) -> dict:
         """Wait until the cloud finished and every other process exited; return summary.json."""
@@ -336,9 +392,32 @@ class Testbed:
         if lingering:
             self.close()
             raise TestbedError(f"processes still running 30s after the cloud finished: {lingering}")
-        return self.summary()
+        return self._complete_summary()
 
     def summary(self) -> dict:
         import json
 
         return json.loads((self.run_dir / "summary.json").read_text())
+
+    def _finished_message(self) -> str:
+        try:
+            s = self.summary()
+            acc = "-" if s.get("final_accuracy") is None else f"{100 * s['final_accuracy']:.2f}%"
+            how = f"stopped: {s['stop_reason']}" if s.get("stop_reason") else f"final accuracy {acc}"
+            return (f"{self.run_dir} is a finished run ({s.get('rounds')} of {self.cfg.run.rounds} rounds, {how}): "
+                    "nothing to resume, nothing changed. Start it over with --force, or run more rounds in a new "
+                    "directory.")
+        except (OSError, ValueError):
+            return f"{self.run_dir} holds a summary.json: the run finished, nothing to resume"
+
+    def _complete_summary(self) -> dict:
+        """summary.json as the cloud wrote it, plus what only the launcher knows: the whole wall time (config
+        checks and start-up included) and whether the run learned at all."""
+        from hfl.verdict import not_learning
+
+        summary = self.summary()
+        summary["total_seconds"] = round(time.monotonic() - self._created, 2)
+        verdict = not_learning(self.metrics(), self.data_info.get("num_classes"))
+        summary["not_learning"] = verdict
+        metrics.write_json(self.run_dir / "summary.json", summary)
+        return summary

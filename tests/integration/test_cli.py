@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import psutil
+import pytest
 
 from .conftest import SMALL
 
@@ -33,15 +34,75 @@ def test_hfl_run_writes_the_run_directory(tmp_path):
     for name in ("config.toml", "metrics.jsonl", "summary.json", "accuracy.png", "logs/cloud.log"):
         assert (out / name).exists(), name
     assert leftovers(str(out)) == []
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["not_learning"] is None
+    assert summary["total_seconds"] > summary["startup_seconds"] + summary["wall_seconds"] - 1
+    assert f"in {summary['total_seconds']:.1f}s (start-up" in " ".join(result.stderr.split())
+
+    # --resume of a finished run: says so within seconds and changes nothing
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+    t0 = time.monotonic()
+    again = hfl("run", "--resume", str(out), timeout=120)
+    said = " ".join(again.stderr.split())
+    assert again.returncode == 0 and "is a finished run (2 of 2 rounds" in said and "nothing to resume" in said
+    assert time.monotonic() - t0 < 30
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before
 
 
-def test_hfl_run_fails_loudly_and_leaves_no_process(tmp_path):
+def test_hfl_run_fails_before_launch_when_the_data_is_missing(tmp_path):
     out = tmp_path / "broken"
-    # mnist needs data.root: the cloud fails while loading its test set
+    # mnist needs data.root: found before any process starts, not by the cloud while loading its test set
+    t0 = time.monotonic()
     result = hfl("run", "--set", "data.dataset=mnist", "--set", "net.join_timeout_s=30", "--out", str(out))
-    assert result.returncode == 1
-    assert "cloud" in result.stderr and "needs data.root" in result.stderr
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "config error: data.dataset = 'mnist'" in result.stderr and "needs data.root" in result.stderr
+    assert "Traceback" not in result.stderr and time.monotonic() - t0 < 60
+    assert not (out / "logs").exists() and leftovers(str(out)) == []
+
+
+def test_dpsq_without_epsilon1_fails_in_seconds_naming_it(tmp_path):
+    """Issue 22: both edges used to die with the cause only in their logs, and the cloud waited out its join
+    timeout (300 s) to say "no edge joined"."""
+    out = tmp_path / "dpsq"
+    t0 = time.monotonic()
+    result = hfl("run", "--set", "run.algorithm=qhetfed", "--set", "pipeline.uplink_encoding=dpsq", "--out", str(out),
+                 timeout=120)
+    assert result.returncode == 2 and "epsilon1 is required" in result.stderr, result.stderr[-2000:]
+    assert time.monotonic() - t0 < 60 and "Traceback" not in result.stderr
     assert leftovers(str(out)) == []
+
+
+def test_config_and_sweep_dry_run_check_codec_parameters(tmp_path):
+    result = hfl("config", "--set", "pipeline.uplink_encoding=qsgd", "--set", "pipeline.params.qsgd.s=4")
+    assert result.returncode == 2 and "unknown parameter(s) ['s']; allowed: levels" in result.stderr
+    assert "Traceback" not in result.stderr
+    result = hfl("config", "--set", "topology.devices_per_edge=3000")
+    assert result.returncode == 2 and "training samples: use fewer devices" in result.stderr
+    spec = tmp_path / "spec.toml"
+    spec.write_text('name = "bad"\nseeds = [0]\n[base]\n"pipeline.uplink_encoding" = "qsgd"\n'
+                    '"pipeline.params.qsgd.s" = 4\n')
+    result = hfl("sweep", str(spec), "--dry-run", "--out", str(tmp_path / "sw"))
+    assert result.returncode == 2 and "allowed: levels" in result.stderr, result.stderr[-2000:]
+
+
+def test_a_node_that_dies_during_start_up_stops_the_run_at_once(tmp_path):
+    """A device host that cannot start (here: a bad argument) is named with its exit code and error line, and the
+    others are stopped, instead of the cloud waiting out its join timeout."""
+    from hfl.testbed import Testbed, TestbedError
+
+    bed = Testbed(None, SMALL + ["net.join_timeout_s=300"], run_dir=tmp_path / "r", tolerate_failures=True,
+                  extra_args={"devices-c0": ["--wait", "soon"]})
+    t0 = time.monotonic()
+    try:
+        bed.start()
+        with pytest.raises(TestbedError) as err:
+            bed.wait(timeout=120)
+    finally:
+        bed.close()
+    first = str(err.value).splitlines()[0]
+    assert first.startswith("devices-c0 exited with 2 during start-up: ") and "invalid float value: 'soon'" in first
+    assert "stopped the other processes" in first and time.monotonic() - t0 < 60
+    assert bed.running() == [] and leftovers(str(tmp_path / "r")) == []
 
 
 def test_config_errors_exit_2_with_the_key(tmp_path):
@@ -49,6 +110,22 @@ def test_config_errors_exit_2_with_the_key(tmp_path):
     assert result.returncode == 2 and "train.lr must be a number" in result.stderr
     result = hfl("cloud", "--set", "train.unknown=1", "--run-dir", str(tmp_path / "y"))
     assert result.returncode == 2 and "unknown key 'train.unknown'" in result.stderr
+
+
+def test_version_and_help():
+    assert hfl("--version").stdout.startswith("hfl ")
+    usage = hfl("--help").stdout
+    for command in ("run", "sweep", "cloud", "edge", "devices", "config", "certs", "health", "attack", "audit", "plan"):
+        assert f"hfl {command}" in usage, command
+
+
+def test_an_upstream_not_there_yet_is_one_line_and_a_retry(tmp_path):
+    result = hfl("edge", "--id", "edge-000", "--listen", "127.0.0.1:0", "--cloud", "127.0.0.1:1", "--wait", "2")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "cloud 127.0.0.1:1 not there yet (UNAVAILABLE): retrying for up to 2s" in result.stderr
+    assert "ERROR cloud 127.0.0.1:1 not SERVING after 2s" in result.stderr
+    result = hfl("devices", "--edge", "127.0.0.1:1", "--wait", "2")
+    assert result.returncode == 1 and "Traceback" not in result.stderr and "not there yet" in result.stderr
 
 
 def test_health_probe_of_a_dead_address():
@@ -75,8 +152,13 @@ def test_edge_is_not_serving_until_it_joined_a_cloud(tmp_path):
 def test_servers_report_serving_during_a_run(hfl_testbed):
     from hfl.common.rpc import check_health_sync
 
+    from hfl.testbed import TestbedError
+
     tb = hfl_testbed(overrides=SMALL + ["run.rounds=8"])
     next(tb.iter_metrics(timeout=300))
+    with pytest.raises(TestbedError, match="no node 'devices-001-0' in this testbed; nodes: cloud, edge-000, edge-001, "
+                                           "devices-c"):
+        tb.kill("devices-001-0")
     assert [check_health_sync(a) for a in [tb.cloud_address, *tb.edge_addresses]] == ["SERVING"] * 3
     tb.wait(timeout=300)
 
@@ -101,9 +183,12 @@ def test_sigterm_stops_every_process(tmp_path):
     while not (out / "metrics.jsonl").exists() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert leftovers(str(out)), "the testbed should be running"
+    while not (out / "checkpoint.npz").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
     proc.terminate()
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "stopping every process" in err
+    assert f"hfl run --resume {out}" in " ".join(err.split())  # the exact command that continues the run
     assert leftovers(str(out)) == []
 
 

@@ -30,7 +30,7 @@ def test_bad_input_names_the_key(override, message):
 
 
 def test_toml_round_trip(tmp_path):
-    cfg = c.load(None, ["run.rounds=3", "topology.edges=4", "pipeline.params.identity.x=1.5"])
+    cfg = c.load(None, ["run.rounds=3", "topology.edges=4", "pipeline.params.clip_l2.clip=1.5"])
     path = tmp_path / "x.toml"
     path.write_text(c.to_toml(cfg))
     again = c.load(path)
@@ -66,3 +66,47 @@ def test_readme_reference_is_current():
 
     readme = (pathlib.Path(__file__).parents[2] / "README.md").read_text()
     assert c.reference() in readme, "README's config table is stale: paste the output of `hfl config --reference`"
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["pipeline.uplink_encoding=qsgd", "pipeline.params.qsgd.s=4"], "allowed: levels"),
+    (["run.algorithm=qhetfed", "pipeline.uplink_encoding=dpsq"], "epsilon1 is required"),
+    (["pipeline.backhaul_encoding=sq", "pipeline.params.backhaul_encoding.levls=4"], "unknown parameter"),
+    (["pipeline.params.qsdg.levels=4"], "no stage, codec, channel or aggregator is called 'qsdg'"),
+    (["pipeline.clip=clip_l2"], "needs [pipeline.params.clip_l2] clip"),
+    (["pipeline.aggregate=trimmed_mean", "pipeline.params.trimmed_mean.b=0.2"], "allowed: beta"),
+    (["pipeline.uplink_channel=awgn", "pipeline.params.awgn.sigma=0.1"], "allowed: std"),
+])
+def test_stage_and_codec_parameters_are_checked_at_config_time(overrides, message):
+    with pytest.raises(c.ConfigError) as err:
+        c.load(None, overrides)
+    assert message in str(err.value)
+
+
+def test_good_stage_parameters_pass():
+    cfg = c.load(None, ["pipeline.uplink_encoding=qsgd", "pipeline.params.qsgd.levels=4", "pipeline.clip=clip_l2",
+                        "pipeline.params.clip_l2.clip=1.0", "pipeline.aggregate=trimmed_mean",
+                        "pipeline.params.trimmed_mean.beta=0.2"])
+    assert cfg.pipeline.params["qsgd"] == {"levels": 4}
+
+
+def test_plugins_are_imported_before_names_are_checked(tmp_path, monkeypatch):
+    (tmp_path / "my_hfl_plugin_mod.py").write_text(
+        "from hfl.common.models import MODELS, mlp\nMODELS.register('my-plugin-mlp', mlp)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(c.ConfigError, match="bad value for model.name: 'my-plugin-mlp'"):
+        c.load(None, ["model.name=my-plugin-mlp"])
+    cfg = c.load(None, ["model.name=my-plugin-mlp", 'run.plugins=["my_hfl_plugin_mod"]'])
+    assert cfg.run.plugins == ("my_hfl_plugin_mod",) and cfg.model.name == "my-plugin-mlp"
+
+
+def test_plugin_errors_name_the_module(tmp_path, monkeypatch):
+    (tmp_path / "broken_hfl_plugin_mod.py").write_text("raise RuntimeError('boom at import')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(c.ConfigError, match="cannot import 'no_such_plugin_xyz'"):
+        c.load(None, ['run.plugins=["no_such_plugin_xyz"]'])
+    with pytest.raises(c.ConfigError, match="importing 'broken_hfl_plugin_mod' failed: RuntimeError: boom at import"):
+        c.load(None, ['run.plugins=["broken_hfl_plugin_mod"]'])
+    monkeypatch.setenv("HFL_PLUGINS", "no_such_plugin_xyz")
+    with pytest.raises(c.ConfigError, match="cannot import 'no_such_plugin_xyz'"):
+        c.load(None, [])

@@ -70,7 +70,7 @@ def test_the_shipped_smoke_spec_is_valid_and_small():
     ("colour = 1", "unknown key 'colour' in the sweep spec; allowed keys: name, description, config"),
     ("[report]\nfield = ['x']", "unknown key 'field' in [report]; allowed keys: fields, curves, x, group_by"),
     ("[grid]\n'train.lrr' = [0.1]", "unknown key 'train.lrr'; allowed keys in [train]: lr, batch_size"),
-    ("[variants.v]\n'run.algorithm' = 'fedavg'", "cell v (variants.v): bad value for run.algorithm: 'fedavg'; allowed: "),
+    ("[variants.v]\n'run.algorithm' = 'fedprox'", "cell v (variants.v): bad value for run.algorithm: 'fedprox'; allowed: "),
     ("[base]\n'run.rounds' = 0", "run.rounds"),
     ("[grid]\n'train.lr' = 0.1", "[grid] train.lr must be a non-empty list of values"),
     ("[grid]\n'train.lr' = []", "[grid] train.lr must be a non-empty list"),
@@ -134,8 +134,8 @@ def test_results_table_json_and_plots(tmp_path):
     assert first["epsilon"]["privacy.epsilon"]["mean"] == pytest.approx(1.5) and "privacy.delta" not in first["epsilon"]
     assert second["finished"] == [0] and second["stats"]["final_accuracy"] == {"mean": 0.9, "std": 0.0, "n": 1}
     table = (tmp_path / "out" / "results.md").read_text()
-    assert "| train.lr=0.1 | 0.1 | 2/2 | 0.6000 ± 0.1414 | 10.0000 ± 0.0000 | 2.0000 ± 0.0000 | 1.5000 ± 0.7071 |" in table
-    assert "| train.lr=0.2 | 0.2 | 1/2 | 0.9000 ± 0.0000 |" in table
+    assert "| train.lr=0.1 | 0.1 | 2/2 | n/a | n/a | 0.6000 ± 0.1414 | 10.0000 ± 0.0000 | 2.0000 ± 0.0000 | 1.5000 ± 0.7071 |" in table
+    assert "| train.lr=0.2 | 0.2 | 1/2 | n/a | n/a | 0.9000 (n = 1) |" in table
     assert "epsilon_claimed (the paper's claim, not a measurement)" in table and "privacy.epsilon (accountant)" in table
     assert "TestbedError: cloud failed" in table and "\nlog" not in table
     assert json.loads((tmp_path / "out" / "results.json").read_text())["cells"][1]["runs"][1]["error"].startswith("TestbedError")

@@ -1,0 +1,59 @@
+"""Checks of a config that need data or a model but no running node, done before any process starts
+(`hfl run`, `hfl config`, `hfl sweep --dry-run`, the Testbed): the dataset is there, every device gets samples,
+and the model accepts the data's shape. Each failure is a ConfigError naming the key to change."""
+from __future__ import annotations
+
+from hfl.common.config import Config, ConfigError
+
+_checked: dict[str, dict] = {}
+
+
+def preflight(cfg: Config) -> dict:
+    """Load the dataset (through the shared cache), partition it as the cloud will, and run one forward pass of
+    the model on two training samples. Remembered per (data, model, topology, seed), so a sweep pays once.
+    Returns what it learned: num_classes, train_samples, input_shape."""
+    import json
+
+    from hfl.common.config import to_dict
+
+    d = to_dict(cfg)
+    key = json.dumps([d["data"], d["model"], d["topology"], d["run"]["seed"], d["run"]["plugins"]], sort_keys=True)
+    if key in _checked:
+        return _checked[key]
+    from hfl.common.data import DataError, load_dataset
+    from hfl.common.partition import partition
+    from hfl.common.seeding import numpy_rng
+
+    try:
+        data = load_dataset(cfg.data)
+    except (DataError, OSError) as exc:
+        raise ConfigError(f"data.dataset = {cfg.data.dataset!r}: {exc}") from None
+    if len(data.x_train) < cfg.num_devices:
+        raise ConfigError(f"topology: {cfg.num_devices} devices ({cfg.topology.edges} edges x "
+                          f"{cfg.topology.devices_per_edge}) but {cfg.data.dataset} has {len(data.x_train)} training "
+                          "samples: use fewer devices")
+    import inspect
+
+    extra = {"edges": cfg.topology.edges} if "edges" in inspect.signature(partition).parameters else {}
+    try:
+        partition(data.y_train, cfg.num_devices, numpy_rng(cfg.run.seed, "data", "partition"), cfg.data, **extra)
+    except ValueError as exc:
+        raise ConfigError(f"data.partition = {cfg.data.partition!r} with {cfg.num_devices} devices: {exc}") from None
+    import numpy as np
+    import torch
+
+    from hfl.common.models import build
+
+    try:
+        model = build(cfg.model.name, data.input_shape, data.num_classes)
+        with torch.no_grad():
+            out = model(torch.from_numpy(np.asarray(data.x_train[:2], dtype=np.float32)))
+    except Exception as exc:  # any shape mismatch or a plugin model's own error
+        raise ConfigError(f"model.name = {cfg.model.name!r} does not run on {cfg.data.dataset} (input shape "
+                          f"{tuple(data.input_shape)}, {data.num_classes} classes): {exc.__class__.__name__}: {exc}") from None
+    if tuple(out.shape) != (2, data.num_classes):
+        raise ConfigError(f"model.name = {cfg.model.name!r} gives outputs of shape {tuple(out.shape[1:])} per sample; "
+                          f"{cfg.data.dataset} has {data.num_classes} classes")
+    _checked[key] = {"num_classes": data.num_classes, "train_samples": len(data.x_train),
+                     "input_shape": tuple(data.input_shape)}
+    return _checked[key]

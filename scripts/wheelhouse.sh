@@ -34,6 +34,13 @@ reqs = list(meta["project"]["dependencies"]) + list(meta["build-system"]["requir
 open(sys.argv[1], "w").write("\n".join(reqs) + "\n")
 PYEOF
 
+# Full Fashion-MNIST for the image (issue 19): the Debian package's files, when this machine has them
+# (apt-get install dataset-fashion-mnist); the Dockerfile keeps them under /opt/hfl/share/datasets.
+FMNIST=${FMNIST_DIR:-/usr/share/datasets/fashion-mnist}
+if [ -f "$FMNIST/train-images-idx3-ubyte.gz" ] && [ ! -d "$WH/datasets/fashion-mnist" ]; then
+    mkdir -p "$WH/datasets/fashion-mnist" && cp "$FMNIST"/*-ubyte.gz "$WH/datasets/fashion-mnist/"
+fi
+
 STAMP="$(cat "$WH/requirements.txt") $PLATFORM ${TORCH_INDEX:-}"
 if [ -f "$WH/.complete" ] && [ "$(cat "$WH/.complete")" = "$STAMP" ]; then
     echo "wheelhouse $WH is up to date ($(ls "$WH"/*.whl | wc -l) wheels, $(du -sh "$WH" | cut -f1))"

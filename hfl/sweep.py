@@ -482,6 +482,13 @@ def run_sweep(spec_path: str | pathlib.Path, out: str | pathlib.Path | None = No
         spec = load_spec(spec_path)
         out_dir = pathlib.Path(out or pathlib.Path("runs") / f"sweep-{spec.name}").resolve()
         runs = expand(spec, out_dir)
+        from hfl.preflight import preflight
+
+        for run in runs:  # data present, devices against samples, model against data: before any run starts
+            try:
+                preflight(run.config)
+            except config_mod.ConfigError as exc:
+                raise SweepError(f"cell {run.cell}: {exc}") from None
     except SweepError as exc:
         console.print(f"sweep spec error: {exc}", markup=False)
         return 2

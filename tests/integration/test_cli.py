@@ -83,6 +83,9 @@ def test_config_and_sweep_dry_run_check_codec_parameters(tmp_path):
                     '"pipeline.params.qsgd.s" = 4\n')
     result = hfl("sweep", str(spec), "--dry-run", "--out", str(tmp_path / "sw"))
     assert result.returncode == 2 and "allowed: levels" in result.stderr, result.stderr[-2000:]
+    spec.write_text('name = "big"\nseeds = [0]\n[base]\n"topology.devices_per_edge" = 3000\n')
+    result = hfl("sweep", str(spec), "--dry-run", "--out", str(tmp_path / "sw2"))
+    assert result.returncode == 2 and "use fewer devices" in " ".join(result.stderr.split())
 
 
 def test_a_node_that_dies_during_start_up_stops_the_run_at_once(tmp_path):
@@ -208,3 +211,28 @@ def test_nodes_die_with_a_killed_launcher(tmp_path):
         proc.wait()
     gone, alive = psutil.wait_procs(nodes, timeout=30)
     assert not alive, f"nodes outlived the launcher: {[p.pid for p in alive]}"
+
+
+def test_interrupt_then_resume_without_refusals(tmp_path):
+    """Ctrl-C (SIGTERM) prints the resume command; the resumed run's edges register with rejoin, so its first round
+    shows no refusals of its own nodes, and it ends with every round."""
+    out = tmp_path / "run"
+    sets = [a for s in SMALL + ["run.rounds=5"] for a in ("--set", s)]
+    proc = subprocess.Popen([sys.executable, "-m", "hfl.cli", "run", *sets, "--out", str(out), "--quiet"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and proc.poll() is None:
+        rows = (out / "metrics.jsonl").read_text().splitlines() if (out / "metrics.jsonl").exists() else []
+        if len(rows) >= 2 and (out / "checkpoint.npz").exists():
+            break
+        time.sleep(0.1)
+    proc.terminate()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and f"hfl run --resume {out}" in " ".join(err.split()), err[-2000:]
+    result = hfl("run", "--resume", str(out), "--quiet")
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert summary["resumed"] is True and summary["rounds"] == 5 and [r["round"] for r in rows] == list(range(5))
+    assert [r["refused"] for r in rows] == [0] * 5 and summary["refused"] == 0
+    assert leftovers(str(out)) == []

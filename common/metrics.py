@@ -64,6 +64,7 @@ def plot_accuracy(rows: Iterable[dict[str, Any]], path: pathlib.Path, title: str
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     rows = [r for r in rows if r.get("accuracy") is not None]
     timed = bool(rows) and all(r.get("emulated_seconds") is not None for r in rows)
@@ -80,6 +81,9 @@ def plot_accuracy(rows: Iterable[dict[str, Any]], path: pathlib.Path, title: str
                 ax.legend(loc="lower right", fontsize=8)
         ax.set_xlabel(label)
         ax.set_ylabel("test accuracy (%)")
+        ax.set_ylim(0, 100)  # a fixed axis: chance-level accuracy must not look like learning
+        if label.startswith("global round"):
+            ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         if rows:
             ax2 = ax.twinx()
@@ -100,6 +104,8 @@ def plot_privacy(rows: Iterable[dict[str, Any]], path: pathlib.Path, title: str,
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    import matplotlib.ticker
+
     rows = [r for r in rows if r.get("epsilon_max") is not None]
     x = [r["round"] + 1 for r in rows]
     fig, ax = plt.subplots(figsize=(6, 4), dpi=110)
@@ -112,6 +118,7 @@ def plot_privacy(rows: Iterable[dict[str, Any]], path: pathlib.Path, title: str,
     if values and max(values) / min(values) > 50:
         ax.set_yscale("log")  # the paper's claim and the accountant's figure can be orders of magnitude apart
     ax.set_xlabel("global round")
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_ylabel("epsilon")
     ax.set_title(title)
     ax.grid(alpha=0.3)

@@ -401,6 +401,8 @@ def plot(spec: Spec, runs: list[Run], out: pathlib.Path) -> list[pathlib.Path]:
             ax.set(xlabel="global round" if x == "round" else x, ylabel=f"{curve} (mean ± std over seeds)", title=title)
             if x == "round":
                 ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+            if curve.startswith("accuracy"):
+                ax.set_ylim(0, 1)  # a fixed axis: chance-level accuracy must not look like learning
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
             fig.tight_layout()

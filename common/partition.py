@@ -87,23 +87,26 @@ def balanced_draw(rows: int, k: int, pool: np.ndarray, rng: np.random.Generator)
 
 
 def random_draw(rows: int, k: int, pool: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """[rows, k]: each row k distinct members of `pool` at random, every member dealt equally often (+-1): a
-    shuffled deck of rows x k shards, each member's shards alike (as McMahan et al.'s sorted shards), with
-    repeated members in a row swapped with random other rows. Equal holders per label give equal shards."""
+    """[rows, k]: each row k distinct members of `pool` at random, every member dealt equally often (+-1), as a
+    shuffled deck of rows x k label shards (McMahan et al.'s sorted shards) dealt without repeats in a row: row by
+    row, the members whose copies left equal the rows left are taken (else the deal could not finish), the rest
+    drawn without replacement in proportion to their copies left. Equal holders per label give equal shards."""
     pool = np.asarray(pool)
     n = len(pool)
     if k > n:
         raise ValueError(f"cannot draw {k} distinct labels out of {n}")
     full, extra = divmod(rows * k, n)
-    deck = np.concatenate([np.tile(np.arange(n), full), rng.permutation(n)[:extra]])
-    picks = rng.permutation(deck).reshape(rows, k)
+    left = np.full(n, full)
+    left[rng.permutation(n)[:extra]] += 1
+    picks = np.empty((rows, k), dtype=np.int64)
     for r in range(rows):
-        for j in range(k):
-            while np.count_nonzero(picks[r] == picks[r, j]) > 1:
-                r2, j2 = int(rng.integers(rows)), int(rng.integers(k))
-                a, b = picks[r, j], picks[r2, j2]
-                if r2 != r and a not in picks[r2] and b not in picks[r]:
-                    picks[r, j], picks[r2, j2] = b, a
+        must = np.flatnonzero(left == rows - r)
+        free = np.flatnonzero((left > 0) & (left < rows - r))
+        drawn = rng.choice(free, size=k - len(must), replace=False, p=left[free] / left[free].sum()) \
+            if k > len(must) else np.zeros(0, dtype=np.int64)
+        row = np.concatenate([must, drawn])
+        left[row] -= 1
+        picks[r] = row
     return pool[np.sort(picks, axis=1)]
 
 

@@ -1,6 +1,8 @@
-"""Tables of the README generated from the registries (tests fail when the README drifts from them).
+"""Documentation generated from the code (tests fail when a page drifts from it).
 
-    python -m hfl.docgen algorithms     # the README's algorithm table
+    python -m hfl.docgen algorithms                                    # the README's algorithm table
+    python -m hfl.docgen configuration > docs/configuration.md         # every config key
+    python -m hfl.docgen default-config > deploy/configs/default.toml  # the built-in defaults as a file
 """
 from __future__ import annotations
 
@@ -38,5 +40,36 @@ def algorithm_table() -> str:
     return "\n".join(rows)
 
 
+DEFAULT_HEADER = ("# The built-in defaults (what `hfl run` uses with no CONFIG). Generated, checked by a test: "
+                  "python -m hfl.docgen default-config > deploy/configs/default.toml")
+
+
+def default_config() -> str:
+    from hfl.common import config
+
+    return DEFAULT_HEADER + "\n" + config.to_toml(config.Config()).rstrip("\n")
+
+
+def configuration_page() -> str:
+    from hfl.common import config
+
+    return "\n".join([
+        "# Configuration reference",
+        "",
+        "Every key of a run's TOML config, its default and meaning. Generated from the config dataclasses: "
+        "`python -m hfl.docgen configuration > docs/configuration.md` (a test fails when this page drifts); "
+        "`hfl config --reference` prints the same table.",
+        "",
+        "TOML files (examples in `deploy/configs/`) load into frozen dataclasses; every command takes "
+        "`--set section.key=value` (values parse as TOML, bare words as strings). Unknown keys, bad values and "
+        "unknown or missing stage and codec parameters fail before any process starts, naming the key and the "
+        "allowed values. Names marked \"one of\" come from registries that plugins extend (docs/plugins.md).",
+        "",
+        config.reference(),
+    ])
+
+
+PAGES = {"algorithms": algorithm_table, "configuration": configuration_page, "default-config": default_config}
+
 if __name__ == "__main__":
-    print({"algorithms": algorithm_table}[sys.argv[1] if len(sys.argv) > 1 else "algorithms"]())
+    print(PAGES[sys.argv[1] if len(sys.argv) > 1 else "algorithms"]())

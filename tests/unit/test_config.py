@@ -13,8 +13,8 @@ def test_defaults_and_overrides():
     ("train.lrr=1", "unknown key 'train.lrr'; allowed keys in [train]: lr,"),
     ("bogus.x=1", "unknown key 'bogus'"),
     ("train.local_unit=epoch", "bad value for train.local_unit: 'epoch'; allowed: steps, epochs"),
-    ("model.name=resnet", "bad value for model.name: 'resnet'; allowed: cifar-cnn, mlp, mnist-cnn"),
-    ("run.algorithm=fedavg", "allowed: dp-fedavg, dp-fedavg-wav, dp-sgd, dp-sgd-wav, dpsq-fl, dpsq-fl-fwo, dpsq-fl-fwo-cso, fedsgd, h2fdp, hfl-dp, hier-local-qsgd, hierfavg"),
+    ("model.name=resnet", "bad value for model.name: 'resnet'; allowed: cifar-cnn, "),
+    ("run.algorithm=fedprox", "bad value for run.algorithm: 'fedprox'; allowed: dp-fedavg, dp-fedavg-wav, dp-sgd, dp-sgd-wav, dpsq-fl, dpsq-fl-fwo, dpsq-fl-fwo-cso, fedavg, fedsgd, h2fdp, hfl-dp, hier-local-qsgd, hierfavg"),
     ("run.algorithm=fedsgd", "fedsgd runs on the wireless medium; set channel.model = ota or orthogonal"),
     ("pipeline.clip=l2", "bad value for pipeline.clip: 'l2'; allowed:"),
     ("pipeline.uplink_encoding=int3", "allowed: dpsq, float16, float32, laplace-sq, qsgd, sq"),
@@ -61,11 +61,25 @@ def test_reference_lists_every_key():
         assert f"`{key}`" in text
 
 
-def test_readme_reference_is_current():
+def test_configuration_reference_is_current():
     import pathlib
 
-    readme = (pathlib.Path(__file__).parents[2] / "README.md").read_text()
-    assert c.reference() in readme, "README's config table is stale: paste the output of `hfl config --reference`"
+    from hfl.docgen import configuration_page
+
+    page = (pathlib.Path(__file__).parents[2] / "docs" / "configuration.md").read_text()
+    assert page.rstrip("\n") == configuration_page(), \
+        "docs/configuration.md is stale: python -m hfl.docgen configuration > docs/configuration.md"
+
+
+def test_default_toml_is_the_built_in_defaults():
+    import pathlib
+
+    from hfl.docgen import default_config
+
+    path = pathlib.Path(__file__).parents[2] / "deploy" / "configs" / "default.toml"
+    assert path.read_text().rstrip("\n") == default_config(), \
+        "deploy/configs/default.toml is stale: python -m hfl.docgen default-config > deploy/configs/default.toml"
+    assert c.load(path) == c.Config()
 
 
 @pytest.mark.parametrize("overrides, message", [

@@ -211,6 +211,12 @@ class Medium:
         payloads = np.concatenate([slot.emissions[e].payloads for e in edges]) if edges else np.zeros((0, self.dim))
         mu = [m for e in edges for m in slot.emissions[e].mu]
         sigma = [s for e in edges for s in slot.emissions[e].sigma]
+        keep = medium_fn.side_info_accepted(mu, sigma, self.cfg.channel.side_info_bound)
+        if not keep.all():  # counted and left out of the superposition: the others' slot goes on
+            log.warning("air slot %s: refused implausible side information of %s", key,
+                        [n for n, k in zip(tx, keep) if not k])
+            tx = [n for n, k in zip(tx, keep) if k]
+            payloads, mu, sigma = payloads[keep], list(np.asarray(mu)[keep]), list(np.asarray(sigma)[keep])
         idx = lambda nodes: np.array([topology.device_index(n) for n in nodes], dtype=np.int64)  # noqa: E731
         psi = self.psi_mean if (self.plane.psi_mode == "empirical" and self.psi_count) else self.plane.psi
         rng = numpy_rng(self.cfg.run.seed, "cloud", 0, round_, step, "medium")
@@ -221,7 +227,8 @@ class Medium:
             self.psi_mean, self.psi_count = ota.running_mean(self.psi_mean, self.psi_count, res.psi_samples)
         collab_alive = alive[self.plane.collaborating()]
         row = dict(res.stats)
-        row.update(step=step, psi=psi, active_expected=int(active[self.plane.collaborating()].sum()),
+        row.update(step=step, psi=psi, air_refused=int((~keep).sum()),
+                   active_expected=int(active[self.plane.collaborating()].sum()),
                    activity_rate=float(len(tx) / max(1, collab_alive.sum())))
         self.stats.setdefault(round_, []).append(row)
         if round_ not in self.distinct:
@@ -264,6 +271,7 @@ class Medium:
         out = {"air_slots": len(rows), "air_transmitters": int(sum(r["air_transmitters"] for r in rows)),
                "air_active_expected": int(sum(r["active_expected"] for r in rows)),
                "air_missing": int(sum(r.get("missing_transmitters", 0) for r in rows)),
+               "air_refused": int(sum(r.get("air_refused", 0) for r in rows)),
                "activity_rate": float(np.mean([r["activity_rate"] for r in rows])) if rows else None,
                "device_models_distinct": self.distinct.pop(round_, None),
                "model_spread": models.get("spread"),

@@ -8,9 +8,11 @@ import functools
 import logging
 from typing import Mapping, Sequence
 
+import grpc
 import numpy as np
 
 from hfl.common import plans, topology
+from hfl.common.wire import WireError
 from hfl.common.privacy import accountant, calibration, on_wire
 from hfl.common.privacy import config as privacy_config
 from hfl.common.privacy.wavelet import padded_length
@@ -64,6 +66,7 @@ class PrivacyPolicy:
         self.stopped: str | None = None
         self.planned: dict[int, dict[str, tuple[str, ...]]] = {}  # round -> edge -> participants, as planned
         self.charged_missing = 0  # releases charged as planned for edges that never reported
+        self.plan_params: dict[int, dict[str, dict]] = {}  # round -> edge -> the cluster plan's params
 
     # ---- calibration --------------------------------------------------------------------------
     @property
@@ -141,6 +144,7 @@ class PrivacyPolicy:
         the calibrated ones (each release costs the same privacy), the std follows 2 eta_k tau_k G / s_c^k."""
         plans_ = {}
         self.planned[r] = {e: tuple(participants[e]) for e in self.edges}
+        self.plan_params[r] = {}
         train = (round_cfg or self.cfg).train
         for e in self.edges:
             trusted = self.levels[e] == TRUSTED
@@ -172,7 +176,28 @@ class PrivacyPolicy:
                 params["delta_clip"] = train.lr * train.gamma * self.p.clip
                 listed = participants[e] if len(participants[e]) < len(self.members[e]) else ()
             plans_[e] = pb.ClusterPlan(params=params, participants=list(listed))
+            self.plan_params[r][e] = dict(params)
         return plans_
+
+    def check_events(self, r: int, edge: str, transforms: Sequence[pb.Transform]) -> None:
+        """The cloud checks what an edge reports against the plan it sent: every edge- or device-tier event must
+        state the planned multiplier of its stream and at least the planned sensitivity (a trusted edge scales its
+        noise up for fewer contributors, never down). A forged multiplier is refused, not charged."""
+        plan = self.plan_params.get(r, {}).get(edge)
+        if plan is None:
+            return
+        for rec in on_wire.from_transforms(transforms):
+            if rec.tier == "device-sample":
+                continue
+            z, sens = plan.get(f"noise_z_{rec.stream}"), plan.get(f"noise_sens_{rec.stream}")
+            # paper-mode wavelet noise records its true multiplier z / max_c W_c (digest 002, P1)
+            wanted = (z,) if z is None or not self.wavelet else (z, z / self.max_weight)
+            ok = z is not None and any(np.isclose(rec.noise_multiplier, w, rtol=1e-9) for w in wanted) and \
+                rec.sensitivity >= sens * (1 - 1e-9) and rec.sampling_rate == 1.0
+            if not ok:
+                raise WireError(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"{edge}'s DP event ({rec.tier}, {rec.stream}, z {rec.noise_multiplier:.6g}) does not "
+                                f"match round {r}'s plan", "bad_dp_event")
 
     def _sizes(self, edge: str) -> list[int]:
         return [self.device_sizes[d] for d in self.members[edge]]
@@ -216,6 +241,7 @@ class PrivacyPolicy:
         records = [DpRecord.from_transform_params(dict(t.params)).replace(round=r)
                    for node in sorted(submissions) for t in submissions[node] if t.stage == DP_STAGE]
         participants = self.planned.pop(r, None)
+        self.plan_params.pop(r, None)
         missing = [e for e in self.edges if e not in submissions and participants and participants.get(e)]
         if missing:
             silent = {d for e in missing for d in participants[e]}

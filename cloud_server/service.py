@@ -290,6 +290,8 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
                                              self.round, meta.step)
         scalars = validate.check_scalars(envelope.scalars, meta.sender_id)
         on_wire.from_transforms(meta.transforms, allowed=set(topology.edge_members(self.cfg, idx)))  # refuse malformed
+        if self.policy is not None:
+            self.policy.check_events(self.round, meta.sender_id, meta.transforms)
         if self.fusion is not None:
             scalars[FUSION_WEIGHT] = weight
         return EdgeResult(delta, meta.num_devices, meta.num_samples, scalars, list(meta.transforms), fused)
@@ -343,13 +345,23 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
         for path in sorted(self._pending(round_).glob("edge-*.npz")) if self._pending(round_).exists() else []:
             if path.name.endswith(".tmp.npz"):
                 continue
-            with np.load(path) as f:
-                if str(f["run_id"]) != self.run_id:
-                    continue
-                meta = pb.Meta.FromString(f["transforms"].tobytes())
-                self.results[path.stem] = EdgeResult(f["delta"], int(f["devices"]), int(f["samples"]),
-                                                     json.loads(str(f["scalars"])), list(meta.transforms),
-                                                     json.loads(str(f["fused"])))
+            try:
+                with np.load(path) as f:
+                    if str(f["run_id"]) != self.run_id:
+                        continue
+                    meta = pb.Meta.FromString(f["transforms"].tobytes())
+                    on_wire.from_transforms(meta.transforms)  # the DP events must still parse
+                    result = EdgeResult(f["delta"], int(f["devices"]), int(f["samples"]),
+                                        json.loads(str(f["scalars"])), list(meta.transforms),
+                                        json.loads(str(f["fused"])))
+                if not np.isfinite(result.delta).all():
+                    raise ValueError("non-finite delta")
+            except Exception as exc:  # noqa: BLE001 - a bad file costs its edge's result, never the resume
+                log.error("--resume: discarding %s (%s): %s's result for round %d counts only if it submits again",
+                          path, exc, path.stem, round_)
+                path.unlink(missing_ok=True)
+                continue
+            self.results[path.stem] = result
         if self.results:
             log.info("resumed round %d with the results already accepted from %s", round_, sorted(self.results))
 

@@ -302,21 +302,9 @@ class Device:
 
 
     def _private_delta(self, delta: np.ndarray, cplan: dict, task: pb.RoundTask, step: int):
-        """What the round plan asks of this device: DP-FedAvg clips its update to S; behind an untrusted
-        edge it adds its own noise draw (paper 000) and records the DP event on the message."""
-        if not cplan:
-            return delta, []
-        if "fixed_denominator" in cplan:
-            delta, _ = on_wire.enforce_clip(delta, cplan)
-        if cplan.get("trusted", 0.0) == 1.0:
-            return delta, []
-        stream = on_wire.stream_of(task.phases, step)
         rng = dp_numpy_rng(self.dp_source, self.cfg.run.seed, "device", self.index, task.round, step, "dp_noise",
                            task.attempt)
-        delta, z, sens = on_wire.apply_noise(delta, cplan, stream, rng)
-        if not z:
-            return delta, []
-        return delta, [on_wire.record("device", self.id, [self.id], cplan, z, sens, task.round, stream)]
+        return on_wire.device_release(delta, cplan, on_wire.stream_of(task.phases, step), rng, self.id, task.round)
 
 
 def encode_overrides(device_plan) -> dict:

@@ -645,13 +645,9 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
             # a fresh draw per attempt: two releases sharing one noise draw would cancel it in their difference
             rng = dp_numpy_rng(self.cfg.privacy.noise_source, self.cfg.run.seed, "edge", self.index, round_, step,
                                "dp_noise", self.attempt)
-            plan = self.cplan if "fixed_denominator" in self.cplan else \
-                on_wire.mean_sensitivity(self.cplan, stream, weights, len(self.participants))
-            agg, z, sens = on_wire.apply_noise(agg, plan, stream, rng)
-            if z and nodes:
-                # the contributors, unsampled: the cloud sees the drawn set's counts in this edge's report, so a
-                # secret-draw amplification at rate q_c would not hold against it
-                self.dp_records.append(on_wire.record("edge", self.id, nodes, plan, z, sens, round_, stream))
+            agg, records = on_wire.edge_release(agg, self.cplan, stream, rng, weights, len(self.participants),
+                                                self.id, nodes, round_)
+            self.dp_records.extend(records)
         return agg
 
     async def _submit(self, task: pb.RoundTask, step: int, delta: np.ndarray, members: set[str]) -> None:

@@ -7,8 +7,12 @@ audit then applies the emulator's own functions to a canary and to nothing, `--t
   a gradient canary (one example's clipped gradient; white-box, the other examples' known sum cancels). For the
   gaussian mechanism dp_sgd clips through the book-keeping sum (same factors, no per-example rows; its equality with
   the per-example path is a unit test), so the audit covers its clip through that equality;
-- user level at a trusted aggregator (dp-fedavg, dp-fedavg-wav): on_wire.enforce_clip and on_wire.apply_noise, the
-  code of the device and the edge, on an update canary weighted like the largest client (p_k = max).
+- user level at a trusted aggregator (dp-fedavg, dp-fedavg-wav): on_wire.enforce_clip and on_wire.edge_release, the
+  code of the device and the edge, on an update canary weighted like the largest client (p_k = max);
+- by-trust placement (h2fdp, hfl-dp, pedpfl-style): on_wire.device_release (a device behind an untrusted edge) or
+  on_wire.edge_release (a trusted edge's mean of s_c uploads), the device's or edge's own code, replace-one canary.
+Every noise draw comes from the node's own DP randomness (secret unless privacy.noise_source = seeded), not from the
+audit's generator; the statement compared with is the PLD (tight) epsilon of one release.
 The canary is the worst case for the mechanism: for wavelet noise the vector whose Haar energy sits on the two
 coefficients of weight m (audit.wavelet_canary), else a constant vector over the clip bound. The likelihood-ratio
 score (audit.projection_score, audit.wavelet_lr_score) separates the two sets of outputs; the audit reports a
@@ -28,11 +32,14 @@ import time
 
 import numpy as np
 
-LEVELS = ("sample", "aggregator")
+from hfl.common.secret_random import dp_numpy_rng, dp_torch_generator
+
+LEVELS = ("sample", "aggregator", "by_trust")
 
 
-def _policy(cfg, tmp: pathlib.Path):
+def _policy(cfg, tmp: pathlib.Path, tier: str = "auto"):
     from hfl.cloud_server.privacy_policy import PrivacyPolicy
+    from hfl.common.privacy.trust import TRUSTED, UNTRUSTED
     from hfl.common import topology
     from hfl.common.data import load_dataset
     from hfl.common.models import build
@@ -45,6 +52,12 @@ def _policy(cfg, tmp: pathlib.Path):
     sizes = [p.numel() for p in build(cfg.model.name, data.input_shape, data.num_classes).parameters()]
     policy = PrivacyPolicy(cfg, topology.edge_ids(cfg), [len(p) for p in parts], tmp, {}, sizes)
     edge = policy.edges[0]
+    if tier != "auto":  # by-trust placement: audit a trusted edge's release or an untrusted edge's device's
+        want = TRUSTED if tier == "edge" else UNTRUSTED
+        edges = [e for e in policy.edges if policy.levels[e] == want]
+        if not edges:
+            raise ValueError(f"--tier {tier}: no {want} edge in this configuration (trust {policy.levels})")
+        edge = edges[0]
     plan = dict(policy.cluster_plans(0, policy.participants(0))[edge].params)
     return policy, edge, plan, sizes
 
@@ -73,7 +86,7 @@ def _sample_release(policy, edge, plan, sizes, breaking: float):
     scales = per_example.noise_scales(z, setting.sensitivity, layout) / breaking
 
     def release(rng: np.random.Generator, with_canary: bool, count: int) -> np.ndarray:
-        gen = torch.Generator().manual_seed(int(rng.integers(1 << 62)))
+        gen = dp_torch_generator(policy.p.noise_source, policy.cfg.run.seed, "device", 0, 0, "audit")  # the device's
         total = clipped.repeat(count, 1) if with_canary else torch.zeros(count, clipped.numel())
         return per_example.noisy_sum(total, scales, layout, gen).double().numpy()
 
@@ -101,16 +114,47 @@ def _aggregator_release(policy, edge, plan, sizes, breaking: float):
 
     def release(rng: np.random.Generator, with_canary: bool) -> np.ndarray:
         base = shift.astype(np.float32) if with_canary else np.zeros(dim, np.float32)
-        return on_wire.apply_noise(base, noisy_plan, "global", rng)[0]
+        noise = dp_numpy_rng(policy.p.noise_source, policy.cfg.run.seed, "edge", 0, 0, "audit")  # the edge's own
+        return on_wire.edge_release(base, noisy_plan, "global", noise, [1.0], 1, edge, ["canary"], 0)[0]
 
     score = audit.wavelet_lr_score(layout, shift) if shape == "wavelet" else audit.projection_score(shift)
     return release, score, False, z, "laplace" if shape == "laplace" else "gaussian"
 
 
-RELEASES = {"sample": _sample_release, "aggregator": _aggregator_release}
+def _by_trust_release(policy, edge, plan, sizes, breaking: float):
+    """One H2FDP / HFL-DP global-stream release, through the code the device or the trusted edge runs
+    (on_wire.device_release / edge_release, with the node's own secret randomness): behind an untrusted edge a
+    device's noisy upload, behind a trusted one the edge's noisy mean of s_c uploads, the canary device sending +u
+    or -u (replace-one: ||u|| = eta m G, the plan's clip, so the pair differs by the sensitivity 2 eta m G; the other
+    devices' known uploads cancel, white-box)."""
+    from hfl.common.privacy import audit, on_wire
+
+    dim = sum(sizes)
+    bound = plan["delta_clip"]
+    u = np.full(dim, bound / np.sqrt(dim), np.float32)
+    z = plan["noise_z_global"]
+    noisy_plan = {**plan, "noise_z_global": z / breaking}
+    trusted = plan.get("trusted", 0.0) == 1.0
+    members = len(policy.members[edge]) if not policy.cfg.train.participants else policy.cfg.train.participants
+
+    def release(rng: np.random.Generator, with_canary: bool) -> np.ndarray:
+        sign = 1.0 if with_canary else -1.0
+        if trusted:
+            noise = dp_numpy_rng(policy.p.noise_source, policy.cfg.run.seed, "edge", 0, 0, "audit")
+            mean = (sign * u / members).astype(np.float32)
+            return on_wire.edge_release(mean, noisy_plan, "global", noise, [1.0] * members, members, edge,
+                                        ["canary"], 0)[0]
+        noise = dp_numpy_rng(policy.p.noise_source, policy.cfg.run.seed, "device", 0, 0, "audit")
+        return on_wire.device_release(sign * u, noisy_plan, "global", noise, "dev-canary", 0)[0]
+
+    return release, audit.projection_score(u), False, z, "gaussian"
 
 
-def run_audit(cfg, out: pathlib.Path, trials: int, seed: int, breaking: float = 1.0, log=print) -> dict:
+RELEASES = {"sample": _sample_release, "aggregator": _aggregator_release, "by_trust": _by_trust_release}
+
+
+def run_audit(cfg, out: pathlib.Path, trials: int, seed: int, breaking: float = 1.0, log=print,
+              tier: str = "auto") -> dict:
     from hfl.common import plans
     from hfl.common.privacy import audit
     from hfl.common.privacy.accountant import epsilon_of_releases
@@ -118,17 +162,23 @@ def run_audit(cfg, out: pathlib.Path, trials: int, seed: int, breaking: float = 
     algorithm = plans.ALGORITHMS.get(cfg.run.algorithm)
     if algorithm.privacy not in LEVELS:
         auditable = [n for n in plans.ALGORITHMS if plans.ALGORITHMS.get(n).privacy in LEVELS]
-        raise ValueError(f"run.algorithm = {cfg.run.algorithm}: the audit covers sample-level DP-SGD and DP-FedAvg at a "
-                         f"trusted aggregator ({', '.join(auditable)})")
+        raise ValueError(f"run.algorithm = {cfg.run.algorithm}: the audit covers sample-level DP-SGD, DP-FedAvg at a "
+                         f"trusted aggregator and by-trust placement ({', '.join(auditable)})")
     if not breaking > 0:
         raise ValueError(f"--break-noise must be > 0, got {breaking}")
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
-        policy, edge, plan, sizes = _policy(cfg, pathlib.Path(tmp))
+        policy, edge, plan, sizes = _policy(cfg, pathlib.Path(tmp), tier)
         release, score, batched, claimed_z, mechanism = RELEASES[algorithm.privacy](policy, edge, plan, sizes, breaking)
     delta = policy.p.delta
-    claimed = epsilon_of_releases([(mechanism, claimed_z, 1.0, 1)], delta, policy.p.accountant)
-    mode = (f"{policy.p.mechanism}" + (f", {policy.wavelet} wavelet clip" if policy.wavelet else "")
+    # the tight (PLD) figure for one release: RDP's conversion is loose (1.386 at z = 3 where PLD gives 1.271), and
+    # a lower bound compared with a loose statement would hide a violation between the two
+    claimed = epsilon_of_releases([(mechanism, claimed_z, 1.0, 1)], delta, "pld")
+    if algorithm.privacy == "by_trust":
+        mode_tier = "trusted edge" if plan.get("trusted", 0.0) == 1.0 else "device behind an untrusted edge"
+    else:
+        mode_tier = "device" if algorithm.privacy == "sample" else "trusted edge"
+    mode = (f"{mode_tier}: {policy.p.mechanism}" + (f", {policy.wavelet} wavelet clip" if policy.wavelet else "")
             + f", calibration {policy.p.calibration}" + (f", noise divided by {breaking:g} (deliberately broken)"
                                                           if breaking != 1.0 else ""))
     log(f"auditing {cfg.run.algorithm} ({mode}): {trials} trials with and {trials} without the canary, "
@@ -174,7 +224,7 @@ def cmd_audit(args) -> int:
     try:
         cfg = config.load(args.config, args.overrides)
         out = pathlib.Path(args.out or f"runs/audit-{time.strftime('%Y%m%d-%H%M%S')}")
-        report = run_audit(cfg, out, args.trials, args.seed, args.break_noise)
+        report = run_audit(cfg, out, args.trials, args.seed, args.break_noise, tier=args.tier)
     except (ConfigError, ValueError) as exc:
         print(f"hfl audit: {exc}", file=sys.stderr)
         return 2
@@ -195,4 +245,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--break-noise", type=float, default=1.0, metavar="F",
                    help="divide the noise by F: a deliberately broken mechanism, to see the audit catch it")
     p.add_argument("--out", help="output directory (default runs/audit-TIMESTAMP)")
+    p.add_argument("--tier", choices=["auto", "device", "edge"], default="auto",
+                   help="by-trust placement (h2fdp, hfl-dp, pedpfl-style): audit a device's release behind an "
+                        "untrusted edge or a trusted edge's (default: the first edge's)")
     p.set_defaults(func=cmd_audit)

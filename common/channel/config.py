@@ -39,6 +39,10 @@ class ChannelSection:
                               "the interferer clusters' iid N(0, 1) payloads: aggregate = their superposition at every "
                               "receiver drawn jointly from its exact Gaussian law (a factor of the gains; 5x faster); "
                               "explicit = every payload drawn; independent = each receiver's law alone (approximate)")
+    side_info_bound: float = doc(100.0, "the medium refuses a transmitter whose sigma exceeds this many times the "
+                                 "median sigma of the slot's other transmitters, or whose mu lies further than this "
+                                 "many of their median sigmas from their median mu (one device's forged side "
+                                 "information would otherwise scale the whole superposition); 0 = no check", min=0.0)
     interference: bool = doc(True, "false: every receiver hears only its own cluster")
     noise: bool = doc(True, "false: no AWGN")
 

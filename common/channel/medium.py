@@ -31,6 +31,21 @@ class SlotResult:
     ideal: np.ndarray | None = None  # the exact mean of the transmitted vectors (eqs. 6 / 11)
 
 
+def side_info_accepted(mu, sigma, bound: float) -> np.ndarray:
+    """Which transmitters' side information (mu, sigma of eq. 15's normalisation) is plausible beside the others':
+    sigma_i <= bound x median_{j != i} sigma_j and |mu_i - median_{j != i} mu_j| <= bound x median_{j != i} sigma_j.
+    Leave-one-out medians, so one forged value cannot move its own yardstick (two transmitters: each is judged by the
+    other). With fewer than two transmitters, or bound = 0, everything is accepted."""
+    mu, sigma = np.asarray(mu, np.float64).reshape(-1), np.asarray(sigma, np.float64).reshape(-1)
+    n = sigma.size
+    if n < 2 or not bound > 0:
+        return np.ones(n, bool)
+    others = ~np.eye(n, dtype=bool)
+    ref_sigma = np.median(np.broadcast_to(sigma, (n, n))[others].reshape(n, n - 1), axis=1)
+    ref_mu = np.median(np.broadcast_to(mu, (n, n))[others].reshape(n, n - 1), axis=1)
+    return (sigma <= bound * ref_sigma) & (np.abs(mu - ref_mu) <= bound * ref_sigma)
+
+
 def air_slot(plane: Plane, round_: int, step: int, group: bool, payloads: np.ndarray, tx, mu, sigma, listen,
              alive: np.ndarray, rng: np.random.Generator, psi: float | None = None) -> SlotResult:
     """payloads: [n_tx, d] normalised rows of the transmitting devices `tx` (plane indices), with their

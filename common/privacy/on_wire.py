@@ -106,6 +106,36 @@ def check_device_records(records: Sequence[DpRecord], plan: Mapping[str, float],
                         "bad_dp_event")
 
 
+def device_release(delta: np.ndarray, plan: Mapping[str, float], stream: str, rng: np.random.Generator,
+                   node: str, round_: int) -> tuple[np.ndarray, list[DpRecord]]:
+    """What the round plan asks of a device's upload (the device's code and the audit's): DP-FedAvg clips it to
+    S; behind an untrusted edge the device adds its own noise draw (paper 000) and records the DP event."""
+    if not plan:
+        return delta, []
+    if "fixed_denominator" in plan:
+        delta, _ = enforce_clip(delta, plan)
+    if plan.get("trusted", 0.0) == 1.0:
+        return delta, []
+    delta, z, sens = apply_noise(delta, plan, stream, rng)
+    if not z:
+        return delta, []
+    return delta, [record("device", node, [node], plan, z, sens, round_, stream)]
+
+
+def edge_release(agg: np.ndarray, plan: Mapping[str, float], stream: str, rng: np.random.Generator,
+                 weights: Sequence[float], planned: int, edge: str, contributors: Sequence[str], round_: int
+                 ) -> tuple[np.ndarray, list[DpRecord]]:
+    """A trusted edge's noise on its aggregate (the edge's code and the audit's): the fixed-denominator sum of
+    DP-FedAvg at its planned sensitivity, a mean at the sensitivity of the contributors really aggregated
+    (mean_sensitivity); the release is charged to the contributors, unsampled."""
+    if "fixed_denominator" not in plan:
+        plan = mean_sensitivity(plan, stream, weights, planned)
+    agg, z, sens = apply_noise(agg, plan, stream, rng)
+    if not (z and len(contributors)):
+        return agg, []
+    return agg, [record("edge", edge, contributors, plan, z, sens, round_, stream)]
+
+
 def record(tier: str, node: str, covers: Iterable[str], plan: Mapping[str, float], z: float, sens: float,
            round_: int, stream: str, sampling_rate: float = 1.0) -> DpRecord:
     return DpRecord(tier=tier, node=node, covers=tuple(covers), mechanism=_EVENT_MECHANISM[shape_of(plan)],

@@ -8,7 +8,8 @@ the noise in the per-sample loop; the text's "same methodology as standard DP-SG
 Two ways to the clipped sum. "bookkeeping" (the default for the gaussian mechanism): ghost norms from one
 forward and one backward, never holding a [B, P] matrix of per-example gradients. "vmap": per-example
 gradients from torch.func (vmap of grad over functional_call), needed by the wavelet mechanism, which
-clips in the coefficient domain. benchmarks/bench_dpsgd.py, batch 64, 2 shared CPU cores, per-example
+clips in the coefficient domain only where a layer is neither Linear nor Conv2d (else book-keeping too: see
+"DP-SGD-WAV without [B, P]" below). benchmarks/bench_dpsgd.py, batch 64, 2 shared CPU cores, per-example
 gradients per second, torch.func vs Opacus 1.6 GradSampleModule: mlp 350 vs 200, mnist-cnn 6510 vs 5085,
 cifar-cnn 73 vs 47, so torch.func is kept (Opacus is not a dependency). A "layer" for per-layer clipping is
 one parameter tensor (weight and bias separately, Opacus' convention), in model.parameters() order.
@@ -163,7 +164,8 @@ def _bookkeeping_parts(model: nn.Module, params: dict[str, torch.Tensor], x: tor
 
 
 def bookkeeping_clipped_sum(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
-                            bounds: torch.Tensor, per_layer: bool, layers: list[tuple[str, nn.Module]]
+                            bounds: torch.Tensor, per_layer: bool, layers: list[tuple[str, nn.Module]],
+                            layout: WaveletLayout | None = None, calibration: str = "sound"
                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sum of clipped per-example gradients from one forward and one backward, never holding [B, P].
 
@@ -171,11 +173,18 @@ def bookkeeping_clipped_sum(model: nn.Module, params: dict[str, torch.Tensor], x
     and d_i the gradient of example i's loss at the layer's output, a Linear layer's per-example weight
     gradient is d_i a_i^T, so ||.||^2 = ||d_i||^2 ||a_i||^2, and the clipped sum is (s (.) d)^T a. Conv2d
     gradients d_i U_i^T (U = unfolded input) are formed per example, as Opacus does; they are small here.
+    With a wavelet `layout` the norms are those of the Haar coefficients the calibration clips (wavelet_part_norms,
+    still without [B, P]); the HWT is linear, so the clipped sum is the same gradient-domain sum.
     Returns (flat clipped sum [P] in parameter order, per-example losses [B], norms [B, segments])."""
     sq, parts, losses = _bookkeeping_parts(model, params, x, y, layers)
     names = list(params)
-    per_param = torch.stack([sq[k] for k in names], 1)
-    norms = per_param.sqrt() if per_layer else per_param.sum(1, keepdim=True).sqrt()
+    if layout is not None:
+        norms = wavelet_part_norms([parts[k] for k in names], layout, calibration).to(torch.float32)
+        if not per_layer and norms.shape[1] > 1:  # a flat clip over per-layer transforms
+            norms = torch.linalg.vector_norm(norms, dim=1, keepdim=True)
+    else:
+        per_param = torch.stack([sq[k] for k in names], 1)
+        norms = per_param.sqrt() if per_layer else per_param.sum(1, keepdim=True).sqrt()
     scale = clip_factors(norms, bounds)
     out = []
     for j, k in enumerate(names):
@@ -186,6 +195,183 @@ def bookkeeping_clipped_sum(model: nn.Module, params: dict[str, torch.Tensor], x
         else:
             out.append(s @ part[1])
     return torch.cat(out), losses, norms
+
+
+# ---- DP-SGD-WAV without [B, P] ---------------------------------------------------------------------------------
+# What is exploited (paper 002's unnormalised Haar transform, wavelet.py; P values zero-padded to m = 2^n).
+# Let S_j,k(g) be the sum of g over the k-th block of 2^j coordinates (S_0 = g) and Q_j = sum_k S_j,k^2
+# (Q_0 = ||g||^2). Level j's detail is d(j)_k = (S_j-1,2k - S_j-1,2k+1) / 2^j and H_0 = S_n,0 / m, so with the
+# level's energy E_j = sum_k (S_j-1,2k - S_j-1,2k+1)^2 = 2 Q_j-1 - Q_j:
+#     ||W (.) H(g)||^2 = sum_{j=1..n} E_j + Q_n = 2 Q_0 + Q_1 + ... + Q_n-1      (sound: W_c d(j)_k = S_L - S_R)
+#     ||H(g)||^2       = sum_{j=1..n} 4^-j E_j + Q_n / m^2                        (paper)
+# The sound norm is a positive sum of the block sums' squared norms: one pair-sum and one norm per level, no
+# differences, no cancellation; the paper norm keeps the differences (its weights would cancel). (The transform is
+# orthogonal up to a scale per level, not one scale, so neither norm is ||g||: the levels must be visited, but not
+# the coefficients of each example.)
+# A Linear layer's per-example gradient is the outer product d a^T (row-major [out, in]). When 2^j divides `in`
+# and the layer's offset in the transformed vector, every block of 2^j lies inside one row, S_j(d a^T) = d (x)
+# S_j(a), and
+#     Q_j(d a^T) = ||d||^2 Q_j(a),   E_j(d a^T) = ||d||^2 E_j(a),
+# so levels 1..J cost O(B (out + in)) and the first array of the layer's size class is its level-J block sums
+# [B, out in / 2^J] (2^J = 16 for the mlp's 784 inputs: 1/16 of [B, P]); the coarser levels run on those.
+# Other parameters (biases, Conv2d weights that book-keeping forms per example, small Linear layers) are dense
+# rows. Clipping scales an example's whole gradient (or one layer of it) and the HWT is linear:
+#     sum_i s_i HWT(g_i) = HWT(sum_i s_i g_i),
+# so the clipped sum is the book-keeping one ((s (.) d)^T a per Linear layer). The noise is transformed, not the sum:
+#     IHWT(HWT(t) + z)[:P] = t + IHWT(z)[:P]     (linear; HWT(pad(t)) inverts exactly),
+# and a coefficient whose block lies in the zero padding reaches only dropped coordinates, so only the
+# 1 + sum_j ceil(P / 2^j) coefficients that reach [0, P) are drawn and inverted (about P, not m).
+_FACTORED_MIN = 4096  # Linear layers at least this large keep their outer-product form
+
+
+def _trailing_zeros(v: int) -> int:
+    return (v & -v).bit_length() - 1 if v else 62
+
+
+def _sq(v: torch.Tensor) -> torch.Tensor:
+    return torch.linalg.vector_norm(v, dim=1).to(torch.float64).square()
+
+
+def _haar_levels(s: torch.Tensor, first: int, last: int, n: int, acc: torch.Tensor, weighted: bool) -> torch.Tensor:
+    """Levels first..last of an n-level HWT on block sums s [B, L] (blocks of 2^(first-1), zero padded on the
+    right). Adds to acc [B] (float64) Q_j for each j < n (weighted) or 4^-j E_j (not); returns the block sums at
+    level `last`."""
+    for j in range(first, last + 1):
+        if s.shape[1] % 2:
+            s = F.pad(s, (0, 1))
+        left, right = s[:, 0::2], s[:, 1::2]
+        if not weighted:
+            acc.add_(_sq(left - right), alpha=4.0 ** -j)
+        s = left + right
+        if weighted and j < n:
+            acc.add_(_sq(s))
+    return s
+
+
+def _segment_norm_sq(pieces: list, m: int, weighted: bool) -> torch.Tensor:
+    """||W (.) HWT(g)||^2 (weighted) or ||HWT(g)||^2 [B] float64 of the per-example vectors g made of `pieces`
+    (book-keeping parts, contiguous from offset 0), padded to m: see the comment above."""
+    n = m.bit_length() - 1
+    sizes = [p[1].shape[1] * p[2].shape[1] if p[0] == "linear" else p[1].shape[1] for p in pieces]
+    offsets = np.cumsum([0] + sizes[:-1]).tolist()
+    aligned = [min(_trailing_zeros(p[2].shape[1]), _trailing_zeros(off)) if p[0] == "linear" and size >=
+               _FACTORED_MIN else 0 for p, size, off in zip(pieces, sizes, offsets)]
+    # the common coarse level J: the alignment of the least aligned large Linear layer (those below J materialise)
+    big = [a for a in aligned if a > 0]
+    J = min(min(big), n) if big else 0
+    factored = [J > 0 and a >= J for a in aligned]
+    b = pieces[0][1].shape[0]
+    dtype = pieces[0][1].dtype
+    acc = torch.zeros(b, dtype=torch.float64)
+    # the level-J block sums of the whole vector, written in place: factored layers as d (x) S_J(a), runs of dense
+    # rows (each starts on a 2^J boundary and ends on one or, zero padded, at the data's end) after their levels 1..J
+    width = sum(size >> J if f else 0 for size, f in zip(sizes, factored))
+    runs, run = [], []
+    for i, f in enumerate(factored):
+        if f:
+            if run:
+                runs.append(run)
+            run = []
+        else:
+            run.append(i)
+    if run:
+        runs.append(run)
+    width += sum(-(-sum(sizes[i] for i in r) // (1 << J)) for r in runs)
+    rest = n - J
+    width += -width % (1 << min(rest, 6))  # whole pairs for the next six levels (fewer pads)
+    coarse = torch.zeros(b, width, dtype=dtype)
+    at, i = 0, 0
+    while i < len(pieces):
+        if factored[i]:
+            d, x = pieces[i][1], pieces[i][2]
+            qa = torch.zeros(b, dtype=torch.float64)
+            if weighted:
+                qa.add_(_sq(x), alpha=2.0)
+            sx = _haar_levels(x, 1, J, n, qa, weighted)  # the levels 1..J of a; d's norm factors out
+            acc.add_(qa * _sq(d))
+            w = sizes[i] >> J
+            torch.mul(d[:, :, None], sx[:, None, :], out=coarse[:, at:at + w].view(b, d.shape[1], sx.shape[1]))
+            at += w
+            i += 1
+            continue
+        r = [_dense(pieces[i])]
+        i += 1
+        while i < len(pieces) and not factored[i]:
+            r.append(_dense(pieces[i]))
+            i += 1
+        r = torch.cat(r, 1) if len(r) > 1 else r[0]
+        if weighted:
+            acc.add_(_sq(r), alpha=2.0)
+        tail = -r.shape[1] % (1 << J)
+        r = _haar_levels(F.pad(r, (0, tail)) if tail else r, 1, J, n, acc, weighted)
+        coarse[:, at:at + r.shape[1]] = r
+        at += r.shape[1]
+    s = _haar_levels(coarse, J + 1, n, n, acc, weighted)
+    if n == 0:  # m = 1: the one coefficient is the value
+        return acc.add_(_sq(s), alpha=-1.0 if weighted else 1.0)
+    return acc if weighted else acc.add_(_sq(s) / float(m) ** 2)
+
+
+def _dense(part) -> torch.Tensor:
+    if part[0] == "linear":
+        return (part[1][:, :, None] * part[2][:, None, :]).reshape(part[1].shape[0], -1)
+    return part[1]
+
+
+def wavelet_part_norms(parts: Sequence, layout: WaveletLayout, calibration: str) -> torch.Tensor:
+    """[B, layout segments] norms ||W (.) H_i|| (sound) or ||H_i|| (paper) of each example's Haar coefficients,
+    from book-keeping parts (one per parameter tensor, in order: ("linear", d, a) or ("rows", g)), without
+    forming [B, P]. Equals layout.row_norms of the materialised per-example gradients (up to float32 rounding)."""
+    _check("calibration", calibration in CALIBRATIONS, f"one of {', '.join(CALIBRATIONS)}", calibration)
+    weighted = calibration == "sound"
+    if layout.scope == "flat":
+        groups = [list(parts)]
+    else:
+        groups = [[p] for p in parts]
+    if len(groups) != len(layout.padded):
+        raise ValueError(f"{len(groups)} parameter groups for a layout of {len(layout.padded)} segments")
+    return torch.stack([_segment_norm_sq(g, m, weighted) for g, m in zip(groups, layout.padded)], 1).sqrt()
+
+
+def needed_coefficients(size: int, m: int) -> list[tuple[int, int]]:
+    """(start, count) of the Haar coefficients of a length-m transform that reach the first `size` coordinates, in
+    coefficient order [H_0, d(1), ..., d(n)]: H_0 and the first ceil(size / 2^j) details of each level j."""
+    n = m.bit_length() - 1
+    return [(0, 1)] + [(m + 1 - (m >> (j - 1)), -(-size // (1 << j))) for j in range(1, n + 1)]
+
+
+def haar_inverse_prefix(h: torch.Tensor, size: int, m: int) -> torch.Tensor:
+    """IHWT(c)[:, :size] from the needed coefficients only: h [B, K] holds, in needed_coefficients order, the
+    coefficients that reach [0, size); every other coefficient of c is irrelevant to the result. O(size) work."""
+    spans = needed_coefficients(size, m)
+    ends = np.cumsum([c for _, c in spans]).tolist()
+    b, n = h.shape[0], m.bit_length() - 1
+    a = h[:, :1]
+    for j in range(n, 0, -1):  # coarse to fine: a_2i = a_i + d_i, a_2i+1 = a_i - d_i
+        cnt = spans[j][1]
+        d = h[:, ends[j] - cnt:ends[j]]
+        out = torch.empty(b, cnt, 2, dtype=h.dtype)
+        torch.add(a, d, out=out[..., 0])
+        torch.sub(a, d, out=out[..., 1])
+        a = out.reshape(b, 2 * cnt)[:, :-(-size // (1 << (j - 1)))]
+    return a
+
+
+def wavelet_noise(layout: WaveletLayout, scales: torch.Tensor, generator: torch.Generator, batch: int
+                  ) -> list[torch.Tensor]:
+    """IHWT(z)[:P] per layout segment for z_c ~ N(0, scales_c^2) on every coefficient (scales [coeff_length], as
+    noise_scales gives): the coefficients that only reach the padding are not drawn (see the comment above)."""
+    out, start = [], 0
+    for size, m in zip(layout.segments, layout.padded):
+        spans = needed_coefficients(size, m)
+        z = torch.randn(batch, sum(c for _, c in spans), generator=generator)
+        k = 0
+        for a, c in spans:
+            z[:, k:k + c].mul_(scales[start + a:start + a + c])
+            k += c
+        out.append(haar_inverse_prefix(z, size, m))
+        start += m
+    return out
 
 
 def example_norms(g: torch.Tensor, layout: WaveletLayout | None, calibration: str,
@@ -216,8 +402,13 @@ def noisy_sum(total: torch.Tensor, scales: torch.Tensor, layout: WaveletLayout |
         noise = torch.randn(total.shape, generator=generator, out=out) if out is not None and out.shape == total.shape \
             else torch.randn(total.shape, generator=generator)
         return total.add_(noise.mul_(scales))
-    h = layout.forward(total)
-    return layout.inverse(h.add_(torch.randn(h.shape, generator=generator).mul_(scales)))
+    # IHWT(HWT(total) + z) = total + IHWT(z): only the noise is transformed, and only where it reaches [0, P)
+    rows = total.reshape(-1, total.shape[-1])
+    start = 0
+    for size, noise in zip(layout.segments, wavelet_noise(layout, scales, generator, rows.shape[0])):
+        rows[:, start:start + size] += noise
+        start += size
+    return total
 
 
 def draw_lot(n: int, q: float, lot: str, generator: torch.Generator) -> torch.Tensor:
@@ -291,8 +482,9 @@ def dp_sgd(model: nn.Module, w: np.ndarray, shard, lr: float, steps: int, q: flo
     with the wavelet clip on ||W (.) H|| (calibration "sound") or ||H|| (calibration "paper"; see wavelet.py).
     L = q n for Poisson lots, round(q n) for fixed ones. An empty Poisson lot still gets its noise.
 
-    grad_method "bookkeeping" (the default "auto" where every layer is Linear or Conv2d and the mechanism is
-    gaussian) gets the clipped sum without per-example gradient rows; "vmap" forms them with torch.func.
+    grad_method "bookkeeping" (the default "auto" where every layer is Linear or Conv2d, either mechanism) gets the
+    clipped sum without per-example gradient rows (the wavelet norms level by level, wavelet_part_norms); "vmap"
+    forms them with torch.func. The wavelet noise is IHWT(z) added to the sum (noisy_sum).
 
     Returns (new flat float32 weights, mean per-example loss over the lots, accounting dict)."""
     _check("grad_method", grad_method in GRAD_METHODS, f"one of {', '.join(GRAD_METHODS)}", grad_method)
@@ -331,10 +523,10 @@ def dp_sgd(model: nn.Module, w: np.ndarray, shard, lr: float, steps: int, q: flo
 
     layout = WaveletLayout(sizes, wavelet_scope) if mechanism == "wavelet" else None
     per_layer = layer_bounds is not None
-    layers = _bookkeeping_layers(model) if layout is None else None
+    layers = _bookkeeping_layers(model)
     if grad_method == "bookkeeping":
-        _check("grad_method", layers is not None, "vmap for this model or mechanism (bookkeeping needs the gaussian "
-               "mechanism and only Linear / Conv2d layers)", grad_method)
+        _check("grad_method", layers is not None, "vmap for this model (bookkeeping needs only Linear / Conv2d "
+               "layers)", grad_method)
     use_bookkeeping = layers is not None and grad_method != "vmap"
     segments = sizes if per_layer else None
     noise_scale = noise_scales(noise_multiplier, sensitivity, layout)
@@ -351,7 +543,8 @@ def dp_sgd(model: nn.Module, w: np.ndarray, shard, lr: float, steps: int, q: flo
                 continue
             x, y = shard.batch(chunk)
             if use_bookkeeping:
-                part, losses, _ = bookkeeping_clipped_sum(model, params, x, y, bounds, per_layer, layers)
+                part, losses, _ = bookkeeping_clipped_sum(model, params, x, y, bounds, per_layer, layers, layout,
+                                                          calibration)
             else:
                 g, losses = per_example_gradients(model, params, x, y)
                 # the HWT is linear: sum_i s_i HWT(g_i) = HWT(sum_i s_i g_i), so the clipped sum is formed

@@ -24,10 +24,14 @@ def test_h2fdp_controller_replans_from_measurements(hfl_testbed):
     assert all(r["devices"] == r["s_trusted"] + r["s_untrusted"] for r in rows)  # one trusted, one untrusted edge
     assert all(r["ctrl_e_dev_local"] > 0 and r["ctrl_t_dev_local"] > 0 for r in rows)
     assert all(r["beta_hat"] > 0 for r in decided)  # the devices' smoothness estimates reached the controller
-    # the noise follows the plan: every DP event's sensitivity is 2 eta_k tau_k G (/ s_c at the trusted edge)
+    # the noise follows the plan: every DP event's sensitivity is 2 eta_k m_k G (/ s_c at the trusted edge), the
+    # window m_k = tau_k / (K_l + 1) (privacy.sensitivity = window, issue 18)
     ledger = [json.loads(line) for line in (tb.run_dir / "privacy_ledger.jsonl").read_text().splitlines()]
     for row, line in zip(rows, ledger):
         for event in line["events"]:
             s_c = row["s_trusted"] if event["tier"] == "edge" else 1
-            assert abs(event["sensitivity"] - 2 * row["lr"] * row["tau"] * 1.0 / s_c) < 1e-9, (row, event)
+            m = row["tau"] // 2  # K_l + 1 = 10 / 5 windows per round
+            assert abs(event["sensitivity"] - 2 * row["lr"] * m * 1.0 / s_c) < 1e-9, (row, event)
+    # beta_estimate travels in the clear (control.beta = -1): the run says it is not DP
+    assert any("beta_estimate" in c for c in summary["privacy_caveats"])
     assert summary["epsilon"] <= 200 + 1e-6  # no plan over the budget

@@ -13,7 +13,8 @@ from hfl.common.privacy.ledger import PrivacyLedger
 from .conftest import SMALL
 
 ONE = SMALL + ["topology.edges=1", "topology.devices_per_edge=2", "model.name=mlp", "train.tau=5", "train.gamma=5",
-               "run.rounds=1", "privacy.clip=1.0", "privacy.calibration=noise_multiplier", "privacy.trace_uploads=true"]
+               "run.rounds=1", "privacy.clip=1.0", "privacy.calibration=noise_multiplier", "privacy.trace_uploads=true",
+               "privacy.epsilon=1e6"]  # no budget stop: these tests look at the releases, not at what they cost
 HFL_DP = ONE + ["run.algorithm=hfl-dp", "privacy.noise_multiplier=50"]
 CLEAR = {"train_loss", "beta_estimate", "sq_error", "q_measured", "expected_distortion"}
 
@@ -63,6 +64,7 @@ def test_private_runs_with_one_seed_release_different_noise(hfl_testbed):
 def test_no_private_upload_carries_a_value_in_the_clear(hfl_testbed, name, overrides):
     tb = hfl_testbed(overrides=overrides)
     summary = tb.wait(timeout=300)
+    assert summary["rounds"] == 1
     uploads = upload_keys(tb)
     assert uploads, "the edges logged no upload keys"
     for up in uploads:
@@ -90,3 +92,28 @@ def test_a_resumed_private_run_keeps_every_release_charged(hfl_testbed):
     # the cloud's figure composes every line it wrote, a round redone after the resume included (fresh noise)
     assert rebuilt == pytest.approx(lines[-1]["epsilon"], rel=1e-9)
     assert summary["epsilon"] == pytest.approx(max(rebuilt.values()), rel=1e-9)
+
+
+def test_uploads_of_a_restarted_attempt_are_charged(hfl_testbed):
+    """A device host killed mid-round and back within the grace restarts its edge's round (attempt 1): the uploads
+    the edge received in attempt 0 were released all the same, so the ledger charges both attempts."""
+    tb = hfl_testbed(overrides=SMALL + ["run.algorithm=hfl-dp", "train.tau=10", "train.gamma=5", "run.rounds=3",
+                                        "privacy.calibration=noise_multiplier", "privacy.noise_multiplier=5",
+                                        "topology.host_layout=per_edge", "topology.hosts_per_edge=3",
+                                        "net.rejoin_grace_s=40"])
+    deadline = time.monotonic() + 300
+    while len(tb.metrics()) < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    tb.kill("devices-000-0")
+    time.sleep(0.5)
+    tb.restart("devices-000-0")
+    tb.wait(timeout=300)
+    rows = tb.metrics()
+    lines = {json.loads(x)["round"]: json.loads(x) for x in (tb.run_dir / "privacy_ledger.jsonl").read_text().splitlines()}
+    restarted = [r["round"] for r in rows if r["round_restarts"] > 0]
+    if not restarted:
+        pytest.skip("the killed host came back before its edge restarted the round (nothing to charge twice)")
+    for r in restarted:
+        releases = sum(e["count"] * len(e["covers"]) for e in lines[r]["events"] if e["tier"] == "device")
+        # 6 devices x (K_l + 1 = 2) uploads in one attempt; the aborted attempt's uploads come on top
+        assert releases > 12, lines[r]

@@ -296,3 +296,19 @@ def test_the_slot_barrier_survives_a_cancelled_closer_and_skips_refused_edges(tm
     replies, later, seconds = asyncio.run(scenario())
     assert all(r is not None and len(r.tensors) == 4 for r in replies + later)
     assert seconds < 5
+
+
+def test_implausible_side_information_is_left_out_of_the_slot():
+    """Issue 24, finding 2: one device claiming sigma = 1e12 (or mu far off) would scale the whole superposition."""
+    from hfl.common.channel.medium import side_info_accepted
+
+    sigma = np.array([0.9, 1.1, 1.0, 1e12, 0.8])
+    mu = np.array([0.0, 0.1, -0.1, 0.0, 0.05])
+    assert side_info_accepted(mu, sigma, 100.0).tolist() == [True, True, True, False, True]
+    assert side_info_accepted(mu + np.array([0, 0, 0, 0, 1e6]), np.ones(5), 100.0).tolist() == [True] * 4 + [False]
+    # two transmitters: each judged by the other; one alone, or the check off: accepted
+    assert side_info_accepted([0.0, 0.0], [1.0, 1e30], 100.0).tolist() == [True, False]
+    assert side_info_accepted([0.0], [1e30], 100.0).tolist() == [True]
+    assert side_info_accepted(mu, sigma, 0.0).all()
+    # honest spread of 50x passes at the default bound
+    assert side_info_accepted(np.zeros(4), [1.0, 50.0, 2.0, 0.5], 100.0).all()

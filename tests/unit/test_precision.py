@@ -196,3 +196,25 @@ def test_fusion_scores_normalise_to_the_rules_weights(rule):
     assert s / s.sum() == pytest.approx(fusion.fusion_weights(rule, **kw))
     with pytest.raises(ValueError, match="fusion rule"):
         fusion.fusion_scores("median", **kw)
+
+
+def test_a_range_wider_than_the_groups_clip_is_refused(tmp_path):
+    """Issue 24, finding 3: honest indices under the announced range (-1e30, 1e30) would make the fused model NaN;
+    an l1-clipped update has every coordinate within [-C, C], which the fusion center knows."""
+    import dataclasses as dc
+
+    from hfl.common.quantization.codecs import read_payload, write_payload
+
+    c = cfg()
+    dim = 300
+    center = FusionCenter(c, dim, tmp_path)
+    drawn, _ = center.draw(0)
+    node = next(n for n in sorted(drawn) if n in topology.edge_members(c, 0))
+    upload = _uploads(c, dim, [node], 0, drawn)[node]
+    center.fuse("edge-000", _relay("edge-000", [upload]), 0, 3)  # the honest upload passes
+    tensor = upload.tensors[0]
+    forged = dc.replace(read_payload(tensor), side=np.array([-1e30, 1e30], np.float32))
+    tensor.data = write_payload(forged)
+    with pytest.raises(wire.WireError) as err:
+        center.fuse("edge-000", _relay("edge-000", [upload]), 0, 3)
+    assert err.value.reason == "bad_header" and "clip" in str(err.value)

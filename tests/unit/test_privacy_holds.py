@@ -177,3 +177,19 @@ def test_seeded_noise_and_clear_beta_are_labelled(tmp_path):
     ctrl, _ = _policy(tmp_path / "c", ["run.algorithm=h2fdp", "control.controller=h2fdp",
                                        'privacy.trust_table={"edge-000" = "trusted"}'])
     assert any("beta_estimate" in g and "not DP" in g for g in ctrl.guarantee())
+
+
+def test_the_cloud_refuses_edge_events_that_do_not_match_the_plan(tmp_path):
+    policy, _ = _policy(tmp_path, ["run.algorithm=h2fdp", 'privacy.trust_table={"edge-000" = "trusted"}',
+                                   "privacy.calibration=noise_multiplier", "privacy.noise_multiplier=2.0"])
+    participants = policy.participants(0)
+    policy.cluster_plans(0, participants)
+    honest = [r for r in policy.planned_records(0, participants) if r.node == "edge-000"]
+    policy.check_events(0, "edge-000", [on_wire.to_transform(r) for r in honest])
+    for forged in (honest[0].replace(noise_multiplier=1e-3), honest[0].replace(sensitivity=honest[0].sensitivity / 10),
+                   honest[0].replace(sampling_rate=0.01)):
+        with pytest.raises(WireError) as err:
+            policy.check_events(0, "edge-000", [on_wire.to_transform(forged)])
+        assert err.value.reason == "bad_dp_event"
+    # a trusted edge with fewer contributors records a larger sensitivity: accepted
+    policy.check_events(0, "edge-000", [on_wire.to_transform(honest[0].replace(sensitivity=honest[0].sensitivity * 3))])

@@ -156,6 +156,9 @@ async def wait_serving(chan: grpc.aio.Channel, timeout: float, what: str) -> Non
             if reply.status == SERVING:
                 return
             last = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+            if not announced:
+                announced = True
+                log.info("%s answers but is not serving yet (%s): retrying for up to %.0fs", what, last, timeout)
         except grpc.aio.AioRpcError as exc:
             last = f"{exc.code().name}: {exc.details()}"
             if exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):

@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from hfl.common.models import build, get_flat, init_parameters
-from hfl.common.privacy.per_example import dp_sgd, per_example_gradients
+from hfl.common.privacy.per_example import (_bookkeeping_layers, bookkeeping_clipped_sum, dp_sgd,
+                                            per_example_gradients)
 from hfl.device_client.training import local_sgd, make_shard
 
 SHAPES = {"mlp": (1, 28, 28), "mnist-cnn": (1, 28, 28), "cifar-cnn": (3, 32, 32)}
@@ -41,17 +42,24 @@ def _setup(name: str, n: int):
     return model, get_flat(model), make_shard(x, y, [0.5] * shape[0], [0.25] * shape[0])
 
 
-def _median_rates(fns: dict, samples: int, repeats: int) -> dict:
+def _clock(cpu: bool):
+    # CPU time of this process (torch on one thread): on a 2-core machine shared with other work, wall time
+    # measures the neighbours as much as the code; --wall times the wall clock instead
+    return time.process_time if cpu else time.perf_counter
+
+
+def _median_rates(fns: dict, samples: int, repeats: int, cpu: bool = True) -> tuple[dict, dict]:
     """Median samples/s of each function; the functions take turns within every repeat, so a load change on
     a shared machine hits all of them alike."""
+    clock = _clock(cpu)
     for fn in fns.values():
         fn()  # warm-up (vmap tracing, allocator)
     times = {k: [] for k in fns}
     for _ in range(repeats):
         for k, fn in fns.items():
-            t = time.perf_counter()
+            t = clock()
             fn()
-            times[k].append(time.perf_counter() - t)
+            times[k].append(clock() - t)
     rates = {k: samples / statistics.median(v) for k, v in times.items()}
     first = next(iter(fns))
     # cost relative to the first function, as the median of the ratios within each repeat
@@ -59,7 +67,8 @@ def _median_rates(fns: dict, samples: int, repeats: int) -> dict:
     return rates, ratios
 
 
-def bench_training(name: str, batch: int, steps: int, repeats: int, wavelet: bool) -> dict:
+def bench_training(name: str, batch: int, steps: int, repeats: int, wavelet: bool, cpu: bool = True,
+                   vmap: bool = True) -> tuple[dict, dict]:
     n = batch * 20
     model, w, shard = _setup(name, n)
     gen = torch.Generator().manual_seed(1)
@@ -69,12 +78,73 @@ def bench_training(name: str, batch: int, steps: int, repeats: int, wavelet: boo
         # fixed lots of exactly `batch` examples: the same work per step as plain SGD
         "dp-sgd": lambda: dp_sgd(model, w, shard, 0.05, steps, q, 1.0, 1.0, "gaussian", gen, lot="fixed",
                                  grad_method="bookkeeping"),
-        "dp-sgd[vmap]": lambda: dp_sgd(model, w, shard, 0.05, steps, q, 1.0, 1.0, "gaussian", gen, lot="fixed",
-                                       grad_method="vmap"),
     }
+    if vmap:
+        fns["dp-sgd[vmap]"] = lambda: dp_sgd(model, w, shard, 0.05, steps, q, 1.0, 1.0, "gaussian", gen, lot="fixed",
+                                             grad_method="vmap")
     if wavelet:
         fns["dp-sgd-wav"] = lambda: dp_sgd(model, w, shard, 0.05, steps, q, 1.0, 1.0, "wavelet", gen, lot="fixed")
-    return _median_rates(fns, batch * steps, repeats)
+    return _median_rates(fns, batch * steps, repeats, cpu)
+
+
+def _opacus_private(model, batch: int, clip: float, sigma: float, lr: float, mode: str):
+    """Opacus' PrivacyEngine on a copy of `model`: (module, DPOptimizer), fixed-size batches, mean loss."""
+    from opacus import PrivacyEngine
+    from torch.utils.data import DataLoader, TensorDataset
+
+    loader = DataLoader(TensorDataset(torch.zeros(batch, 1), torch.zeros(batch, dtype=torch.long)), batch_size=batch)
+    module = copy.deepcopy(model)
+    out = PrivacyEngine(accountant="rdp").make_private(
+        module=module, optimizer=torch.optim.SGD(module.parameters(), lr=lr),
+        data_loader=loader, noise_multiplier=sigma, max_grad_norm=clip, poisson_sampling=False,
+        grad_sample_mode=mode)
+    module, opt = out[0], out[1]
+    return module, opt, (out[2] if mode == "ghost" else None)
+
+
+def opacus_clipped_sum(model, x, y, clip: float, mode: str = "hooks") -> torch.Tensor:
+    """Opacus' sum of clipped per-example gradients on one batch (DPOptimizer.clip_and_accumulate), flat."""
+    module, opt, criterion = _opacus_private(model, len(y), clip, 0.0, 0.0, mode)
+    opt.zero_grad()
+    if criterion is not None:
+        criterion(module(x), y).backward()
+        return torch.cat([p.grad.reshape(-1) for p in module.parameters()])  # ghost: already the sum
+    torch.nn.functional.cross_entropy(module(x), y).backward()
+    opt.clip_and_accumulate()
+    return torch.cat([p.summed_grad.reshape(-1) for p in module.parameters()])
+
+
+def bench_opacus(name: str, batch: int, steps: int, repeats: int, cpu: bool = True) -> tuple[dict, dict, dict]:
+    """A full DP-SGD step (per-example gradients, clipping, noise, update) of the project and of Opacus'
+    PrivacyEngine (hooks and, for Linear-only models, ghost clipping) on the same model, batch, clip and sigma, taking
+    turns in every repeat; and the largest difference between the two clipped sums on one fixed batch."""
+    n = batch * 20
+    model, w, shard = _setup(name, n)
+    x, y = shard.batch(torch.arange(batch))
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    ours, _, _ = bookkeeping_clipped_sum(model, params, x, y, torch.tensor([1.0], dtype=torch.float64), False,
+                                         _bookkeeping_layers(model))
+    check = {}
+    modes = ["hooks"] + (["ghost"] if all(not isinstance(m, torch.nn.Conv2d) for m in model.modules()) else [])
+    for mode in modes:
+        ref = opacus_clipped_sum(model, x, y, 1.0, mode)
+        check[mode] = float((ours - ref).abs().max() / ref.abs().max())
+    gen = torch.Generator().manual_seed(1)
+    fns = {"plain": lambda: local_sgd(model, w, shard, 0.05, batch, gen, steps=steps),
+           "project": lambda: dp_sgd(model, w, shard, 0.05, steps, batch / n, 1.0, 1.0, "gaussian", gen, lot="fixed")}
+    for mode in modes:
+        module, opt, criterion = _opacus_private(model, batch, 1.0, 1.0, 0.05, mode)
+
+        def run(module=module, opt=opt, criterion=criterion):
+            for _ in range(steps):
+                xb, yb = shard.batch(torch.randperm(n, generator=gen)[:batch])
+                opt.zero_grad()
+                loss = (criterion or torch.nn.functional.cross_entropy)(module(xb), yb)
+                loss.backward()
+                opt.step()
+        fns[f"opacus[{mode}]"] = run
+    rates, ratios = _median_rates(fns, batch * steps, repeats, cpu)
+    return rates, ratios, check
 
 
 def bench_per_example(name: str, batch: int, repeats: int) -> dict:
@@ -112,19 +182,32 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--wavelet", action="store_true", help="also time DP-SGD-WAV")
-    parser.add_argument("--opacus", action="store_true", help="also time per-example gradients: Opacus vs torch.func")
-    parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave as is)")
+    parser.add_argument("--no-vmap", action="store_true", help="skip DP-SGD with torch.func per-example gradients")
+    parser.add_argument("--opacus", action="store_true",
+                        help="also time a full DP step of Opacus' PrivacyEngine against the project's (pip install "
+                             "-e '.[bench]'), and check both clipped sums")
+    parser.add_argument("--per-example", action="store_true", help="also time per-example gradients: Opacus "
+                        "GradSampleModule vs torch.func")
+    parser.add_argument("--wall", action="store_true", help="time the wall clock, not this process' CPU time")
+    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (0: leave as is)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    cpu = not args.wall
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, batch {args.batch}, "
-          f"steps {args.steps}, median of {args.repeats}")
+          f"steps {args.steps}, median of {args.repeats}, {'wall' if args.wall else 'CPU'} time")
     for name in args.models:
-        rates, cost = bench_training(name, args.batch, args.steps, args.repeats, args.wavelet)
+        rates, cost = bench_training(name, args.batch, args.steps, args.repeats, args.wavelet, cpu, not args.no_vmap)
         line = "  ".join(f"{k} {v:.0f}/s" for k, v in rates.items())
         ratios = "  ".join(f"{k} x{v:.2f}" for k, v in cost.items())
-        print(f"{name:10s} samples/s: {line}  |  cost vs plain (median paired ratio): {ratios}")
+        print(f"{name:10s} samples/s: {line}  |  cost vs plain (median paired ratio): {ratios}", flush=True)
         if args.opacus:
+            rates, cost, check = bench_opacus(name, args.batch, args.steps, args.repeats, cpu)
+            ratios = "  ".join(f"{k} x{v:.2f}" for k, v in cost.items())
+            proj = [f"project/{k} x{cost['project'] / v:.2f}" for k, v in cost.items() if k.startswith("opacus")]
+            print(f"{'':10s} full DP step vs plain: {ratios}  |  {'  '.join(proj)}  |  clipped sum, max |diff| / "
+                  f"max |sum|: " + "  ".join(f"{k} {v:.1e}" for k, v in check.items()), flush=True)
+        if args.per_example:
             pe = bench_per_example(name, args.batch, args.repeats)
             print(f"{'':10s} per-example gradients: " + "  ".join(
                 f"{k} {v:.0f}/s" if isinstance(v, float) and k != "max_abs_diff" else f"{k} {v}" for k, v in pe.items()))

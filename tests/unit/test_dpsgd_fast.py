@@ -1,0 +1,132 @@
+"""The fast DP-SGD-WAV path (book-keeping norms in the coefficient domain, noise transformed alone) against the
+reference path (materialised per-example gradients, layout.row_norms, HWT -> noise -> IHWT) on fixed inputs."""
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from hfl.common.models import build, get_flat, init_parameters
+from hfl.common.privacy.per_example import (_bookkeeping_layers, _bookkeeping_parts, bookkeeping_clipped_sum,
+                                            clip_factors, clipped_sum, dp_sgd, example_norms, haar_inverse_prefix,
+                                            layer_sizes, needed_coefficients, noise_scales, noisy_sum,
+                                            per_example_gradients, wavelet_noise, wavelet_part_norms)
+from hfl.common.privacy.wavelet import WaveletLayout, haar_inverse
+from hfl.device_client.training import make_shard
+
+# the shipped models at their datasets' shapes, an mlp whose input (25) has no power-of-two factor (nothing
+# factors: every layer is materialised) and a deeper mlp whose Linear layers align to different levels
+CASES = [("mlp", (1, 28, 28)), ("mlp", (1, 5, 5)), ("mnist-cnn", (1, 28, 28)), ("cifar-cnn", (3, 32, 32)),
+         ("deep", (1, 28, 28))]
+
+
+def _model(name, shape):
+    if name == "deep":
+        model = nn.Sequential(nn.Flatten(), nn.Linear(784, 64), nn.ReLU(), nn.Linear(64, 96), nn.ReLU(),
+                              nn.Linear(96, 10))
+    else:
+        model = build(name, shape, 10)
+    init_parameters(model, torch.Generator().manual_seed(0))
+    return model
+
+
+def _batch(shape, n, seed=0):
+    rng = np.random.default_rng(seed)
+    shard = make_shard(rng.integers(0, 256, size=(n,) + tuple(shape), dtype=np.uint8), rng.integers(0, 10, size=n),
+                       [0.5] * shape[0], [0.25] * shape[0])
+    return shard
+
+
+@pytest.mark.parametrize("name,shape", CASES)
+@pytest.mark.parametrize("scope", ["flat", "per_layer"])
+def test_coefficient_norms_without_rows_equal_the_materialised_ones(name, shape, scope):
+    model = _model(name, shape)
+    x, y = _batch(shape, 6).batch(torch.arange(6))
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    _, parts, _ = _bookkeeping_parts(model, params, x, y, _bookkeeping_layers(model))
+    g, _ = per_example_gradients(model, params, x, y)
+    layout = WaveletLayout(layer_sizes(model), scope)
+    for calibration in ("sound", "paper"):
+        fast = wavelet_part_norms([parts[k] for k in params], layout, calibration)
+        ref = layout.row_norms(g.double(), calibration)
+        # float32 gradients and block sums against a float64 transform of the same float32 rows: 1e-5 relative
+        torch.testing.assert_close(fast, ref, rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("name,shape", [c for c in CASES if c[0] != "cifar-cnn"])  # its norms are tested above
+@pytest.mark.parametrize("scope,per_layer", [("flat", False), ("per_layer", False), ("per_layer", True)])
+def test_wavelet_clipped_sum_equals_the_materialised_one(name, shape, scope, per_layer):
+    model = _model(name, shape)
+    x, y = _batch(shape, 6, seed=5).batch(torch.arange(6))
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    g, _ = per_example_gradients(model, params, x, y)
+    layout = WaveletLayout(layer_sizes(model), scope)
+    segments = layer_sizes(model) if per_layer else None
+    norms = example_norms(g, layout, "sound", segments)
+    bounds = norms.median(dim=0).values.double()  # some examples clipped, some not
+    ref = clipped_sum(g, clip_factors(norms, bounds), segments)
+    got, _, got_norms = bookkeeping_clipped_sum(model, params, x, y, bounds, per_layer, _bookkeeping_layers(model),
+                                                layout, "sound")
+    torch.testing.assert_close(got_norms, norms, rtol=1e-5, atol=0)
+    # float32 sums in another order: 1e-4 relative, 1e-5 absolute on O(1) sums
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("size,m", [(1, 1), (1, 4), (5, 8), (8, 8), (100, 128), (129, 256), (1000, 1024),
+                                    (159010, 262144)])
+def test_inverse_from_the_needed_coefficients_is_the_full_inverse(size, m):
+    gen = torch.Generator().manual_seed(size)
+    full = torch.zeros(3, m, dtype=torch.float64)
+    compact = []
+    for start, count in needed_coefficients(size, m):
+        v = torch.randn(3, count, generator=gen, dtype=torch.float64)
+        full[:, start:start + count] = v
+        compact.append(v)
+    got = haar_inverse_prefix(torch.cat(compact, 1), size, m)
+    torch.testing.assert_close(got, haar_inverse(full)[:, :size], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("scope", ["flat", "per_layer"])
+def test_noise_alone_transformed_equals_hwt_noise_ihwt(scope):
+    # the same coefficient draws, placed in a full coefficient vector (zeros where a coefficient reaches only
+    # the padding), through the reference HWT -> add -> IHWT of the sum: equal to float32 rounding
+    sizes = [300, 7, 1000, 1]
+    layout = WaveletLayout(sizes, scope)
+    scales = noise_scales(2.0, 1.5, layout)
+    total = torch.randn(2, sum(sizes), generator=torch.Generator().manual_seed(1))
+    got = noisy_sum(total.clone(), scales, layout, torch.Generator().manual_seed(7))
+    gen = torch.Generator().manual_seed(7)
+    full = torch.zeros(2, layout.coeff_length, dtype=torch.float64)
+    start = 0
+    for size, m in zip(layout.segments, layout.padded):
+        spans = needed_coefficients(size, m)
+        z = torch.randn(2, sum(c for _, c in spans), generator=gen).double()
+        k = 0
+        for a, c in spans:
+            full[:, start + a:start + a + c] = z[:, k:k + c] * scales[start + a:start + a + c].double()
+            k += c
+        start += m
+    ref = layout.inverse(layout.forward(total.double()) + full)
+    torch.testing.assert_close(got.double(), ref, rtol=0, atol=1e-5)
+    assert [t.shape for t in wavelet_noise(layout, scales, torch.Generator(), 3)] == [(3, s) for s in layout.segments]
+
+
+@pytest.mark.parametrize("calibration", ["sound", "paper"])
+@pytest.mark.parametrize("name,shape", [("mlp", (1, 28, 28)), ("mnist-cnn", (1, 28, 28))])
+def test_dp_sgd_wav_bookkeeping_equals_vmap_without_noise(name, shape, calibration):
+    model = _model(name, shape)
+    w = get_flat(model)
+    shard = _batch(shape, 24, seed=2)
+    runs = [dp_sgd(model, w, shard, 0.5, 2, 0.25, 0.05, 0.0, "wavelet", torch.Generator().manual_seed(3),
+                   calibration=calibration, grad_method=method)[0] for method in ("vmap", "bookkeeping")]
+    np.testing.assert_allclose(runs[1], runs[0], rtol=0, atol=2e-6)
+
+
+def test_bookkeeping_refuses_a_model_it_cannot_follow():
+    model = nn.Sequential(nn.Flatten(), nn.Linear(16, 8), nn.LayerNorm(8), nn.Linear(8, 10))
+    shard = _batch((1, 4, 4), 10)
+    with pytest.raises(ValueError, match="grad_method"):
+        dp_sgd(model, get_flat(model), shard, 0.1, 1, 0.5, 1.0, 1.0, "wavelet", torch.Generator(),
+               grad_method="bookkeeping")
+    # auto falls back to torch.func
+    w, _, _ = dp_sgd(model, get_flat(model), shard, 0.1, 1, 0.5, 1.0, 1.0, "wavelet", torch.Generator())
+    assert np.all(np.isfinite(w))

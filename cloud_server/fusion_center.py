@@ -11,6 +11,7 @@ is the paper's fusion over all devices.
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import pathlib
 
@@ -18,13 +19,14 @@ import grpc
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from hfl.common import metrics, plans, topology, validate, wire
+from hfl.common import metrics, plans, relay_tag, topology, validate, wire
 from hfl.common.pipeline import Link, StageRef
 from hfl.common.quantization import codecs, fusion, precision, theory
 from hfl.common.seeding import numpy_rng
 from hfl.proto import hfl_v1_pb2 as pb
 
 FUSION_WEIGHT = "fusion_weight"  # an edge result's sum of fusion scores (set by the cloud, never by an edge)
+log = logging.getLogger("hfl.fusion")
 SCORE_FLOOR = 1e-30              # FWO: scores capped at 1 / floor, so a perfect upload (theta = inf) stays finite
 
 
@@ -47,6 +49,8 @@ class FusionCenter:
         self.edges = topology.edge_ids(cfg)
         self._round: tuple[int, dict[str, dict], tuple[int, ...]] | None = None
         self.fused: list[dict] = []
+        self.relay_secret = relay_tag.secret_from_env()  # None: relayed uploads cannot be authenticated
+        self.missing: dict[int, int] = {}  # round -> drawn devices an edge submitted without (dropped on the way)
 
     # ---- the round plan ---------------------------------------------------------------------------
     def draw(self, r: int) -> tuple[dict[str, dict], tuple[int, ...]]:
@@ -75,7 +79,8 @@ class FusionCenter:
         devices, sizes = self.draw(r)
         bits = sum(int(p["bits"]) for p in devices.values())
         eps = [p.get("epsilon1", self.codec_eps) for p in devices.values()]
-        out = {"cluster_sizes": list(sizes), "bits_per_coordinate": bits, "drawn_devices": len(devices)}
+        out = {"cluster_sizes": list(sizes), "bits_per_coordinate": bits, "drawn_devices": len(devices),
+               "relay_missing": self.missing.pop(r, 0)}
         if self.codec in ("dpsq", "laplace-sq") and eps and all(e is not None for e in eps):
             out["epsilon_claimed"] = theory.dpsq_upload_epsilon(self.dim, max(eps))
         return out
@@ -114,6 +119,9 @@ class FusionCenter:
                 raise _refuse(f"{edge} relayed {node}'s upload for round {meta.round} ({validate.short(meta.phase)}), "
                               f"not round {r}", "wrong_round", grpc.StatusCode.FAILED_PRECONDITION)
             tensor = wire.single_tensor(upload, "delta")
+            if self.relay_secret is not None:
+                relay_tag.check(self.relay_secret, envelope.meta.run_id, r, meta.attempt, node, tensor.data,
+                                meta.transforms)
             if tensor.encoding != self.codec:
                 raise _refuse(f"{node}'s upload is {validate.short(tensor.encoding)}, the run's uplink codec is "
                               f"{self.codec}", "wrong_codec")
@@ -140,6 +148,11 @@ class FusionCenter:
             rows.append({"round": r, "device": node, "edge": edge, "group": int(drawn[node]["group"]), "bits": bits,
                          "link_std": std, "score": score, "distortion": distortion, "bytes": len(tensor.data),
                          "sha256": hashlib.sha256(tensor.data).hexdigest()})
+        drawn_here = sorted(set(drawn) & members)
+        if len(seen) < len(drawn_here):  # an edge may drop an upload: it cannot hide that it did
+            log.warning("round %d: %s relayed %d of its %d drawn devices (missing %s)", r, edge, len(seen),
+                        len(drawn_here), sorted(set(drawn_here) - seen)[:5])
+            self.missing[r] = self.missing.get(r, 0) + len(drawn_here) - len(seen)
         delta = (acc / total).astype(np.float32) if total > 0 else np.zeros(self.dim, np.float32)
         return delta, total, rows
 
@@ -172,6 +185,10 @@ class FusionCenter:
                            "epsilon1": g.epsilon1[m] if g.epsilon1 else self.codec_eps}
                           for m, (s, b) in enumerate(zip(g.sizes, g.bits))],
                "participants": self.cfg.precision.participants or sum(g.sizes),
+               "relay_integrity": ("device tags checked (HMAC keyed from HFL_RELAY_SECRET): an edge can delay or drop "
+                                   "an upload, with a trace in relay_missing, not forge, replay or alter one")
+               if self.relay_secret is not None else ("unchecked: HFL_RELAY_SECRET was not given to the cloud and "
+                                                      "the device hosts, so an edge could forge or replay uploads"),
                "bit_budget": self.cfg.precision.bit_budget or None}
         if getattr(wire.CODECS.get(self.codec), "private", False):
             out["epsilon"] = "inf"

@@ -65,6 +65,7 @@ class Medium:
         self.plane = air.plane_for(cfg)
         self.edges = topology.edge_ids(cfg)
         self.slots: dict[tuple[int, int], Slot] = {}
+        self.edges_dropped: dict[int, set[str]] = {}  # round -> edges a slot of it closed without
         self.masks: dict[tuple[int, int], tuple] = {}
         self.psi_mean, self.psi_count = 0.0, 0
         self.stats: dict[int, list[dict]] = {}
@@ -163,10 +164,12 @@ class Medium:
         slot.refused.add(edge)
         slot.arrived.set()
 
-    async def air(self, edge: str, emission: Emission, round_: int, step: int, phases, expected, timeout: float
-                  ) -> pb.Envelope | None:
+    async def air(self, edge: str, emission: Emission, round_: int, step: int, phases, expected, timeout: float,
+                  drop=lambda edges: None) -> pb.Envelope | None:
         """Add `edge`'s emission to its slot and wait until the slot closes; `expected()` names the edges still
-        worth waiting for (live, not given up)."""
+        worth waiting for (live, not given up). An edge the slot closed without is handed to `drop` (the cloud stops
+        waiting for it in this round's later slots and results, so one silent edge costs one slot's wait, not every
+        slot's: issue 24, finding 5); it is back as soon as it emits or submits again."""
         key = (round_, step)
         slot = self._slot(key, timeout)
         slot.emissions[edge] = emission
@@ -175,7 +178,10 @@ class Medium:
             waiting = set(expected()) - set(slot.emissions) - slot.refused
             if not waiting or time.monotonic() >= slot.deadline:
                 if waiting:
-                    log.warning("air slot %s: going on without %s", key, sorted(waiting))
+                    log.warning("air slot %s: going on without %s (not waited for again this round)", key,
+                                sorted(waiting))
+                    self.edges_dropped.setdefault(round_, set()).update(waiting)
+                    drop(waiting)
                 slot.task = asyncio.get_running_loop().create_task(self._close(key, slot, phases))
                 break
             slot.arrived.clear()
@@ -272,6 +278,7 @@ class Medium:
                "air_active_expected": int(sum(r["active_expected"] for r in rows)),
                "air_missing": int(sum(r.get("missing_transmitters", 0) for r in rows)),
                "air_refused": int(sum(r.get("air_refused", 0) for r in rows)),
+               "air_edges_dropped": len(self.edges_dropped.pop(round_, ())),
                "activity_rate": float(np.mean([r["activity_rate"] for r in rows])) if rows else None,
                "device_models_distinct": self.distinct.pop(round_, None),
                "model_spread": models.get("spread"),

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from hfl.common import config as config_mod
-from hfl.common import metrics, plans, robust, rpc, topology, validate, wire
+from hfl.common import metrics, plans, robust, rpc, session, topology, validate, wire
 from hfl.common.channel.round_clock import BACKHAUL_BYTES, CloudClock
 from hfl.common.privacy import on_wire
 from hfl.common.rundir import check_run_dir, write_data_report
@@ -185,6 +185,7 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
             if self.started and not request.rejoin:
                 raise wire.WireError(grpc.StatusCode.FAILED_PRECONDITION,
                                      f"the run has started: {node} can only come back with rejoin", "started")
+            session.check_join(context, node)  # last: a malformed request is refused for what is wrong with it
         except wire.WireError as exc:
             await refuse(context, self.refusals, exc)
         if node in self.live.lost or node in self.live.absent:
@@ -242,8 +243,12 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
         def expected() -> list[str]:
             return [e for e in self.edges if e not in self.live.absent and (self.live.sessions.has(e) or e in self.live.lost)]
 
+        def drop(edges) -> None:  # silent in a slot: not waited for again this round (back when it submits)
+            self.live.absent |= set(edges)
+            self.live.poke()
+
         reply = await self.medium.air(node, emission, self.round, envelope.meta.step, self.plan, expected,
-                                      self._air_timeout())
+                                      self._air_timeout(), drop)
         if reply is None:  # not a retryable code: the edge must not take it for a lost cloud
             await context.abort(grpc.StatusCode.ABORTED, "the medium failed on this slot (see the cloud's log)")
         payload = reply.SerializeToString()

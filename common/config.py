@@ -313,6 +313,19 @@ def validate_cross(config: Config) -> None:
     from hfl.common.privacy.config import effective
 
     validate_privacy(effective(section, algorithm), topology.edge_ids(config), config.run.algorithm)
+    from hfl.common.privacy.stages import NOISE_STAGES
+
+    for slot in ("device_noise", "edge_noise"):
+        if getattr(config.pipeline, slot) in NOISE_STAGES:
+            raise ConfigError(f"pipeline.{slot} = {getattr(config.pipeline, slot)}: noise in a pipeline slot is not "
+                              "recorded as a DP event, so no epsilon would cover it; use a private algorithm (h2fdp, "
+                              "hfl-dp, dp-fedavg, dp-sgd, ...) and [privacy], which place, calibrate and charge the noise")
+    may_trust = algorithm.privacy == "aggregator" or (algorithm.privacy == "by_trust" and algorithm.trust != "untrusted")
+    if may_trust and config.pipeline.aggregate != "weighted_mean":
+        raise ConfigError(f"pipeline.aggregate = {config.pipeline.aggregate}: a trusted edge's DP noise is calibrated "
+                          "to the sensitivity of a weighted mean; a robust rule's sensitivity is not bounded that way "
+                          "(a median or trimmed mean moves by up to the whole clip); use weighted_mean with "
+                          f"{algorithm.name}")
     if section.layer_clips:
         _check_layer_clips(config)
     from hfl.common.quantization import schedule

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import os
+import pathlib
 import random
 import secrets
 
@@ -17,6 +19,39 @@ from .validate import short
 from .wire import WireError
 
 METADATA_KEY = "hfl-session"
+JOIN_KEY = "hfl-join"
+JOIN_ENV = "HFL_JOIN_SECRET"  # or HFL_JOIN_SECRET_FILE: a file holding it
+
+
+def join_secret() -> str:
+    """The run's join secret: `hfl run` and the Testbed hand one (random) to every process they start; roles
+    started by hand take it from HFL_JOIN_SECRET or the file HFL_JOIN_SECRET_FILE names. Empty: no check."""
+    value = os.environ.get(JOIN_ENV, "")
+    path = os.environ.get(JOIN_ENV + "_FILE", "")
+    if not value and path:
+        value = pathlib.Path(path).read_text().strip()
+    return value
+
+
+def join_metadata() -> tuple[tuple[str, str], ...]:
+    secret = join_secret()
+    return ((JOIN_KEY, secret),) if secret else ()
+
+
+def check_join(context, node: str) -> None:
+    """A Register as `node` must carry the run's join secret when the server has one: without it, an outsider could
+    claim a device id before its host registers (first Register wins). Discovery (no node id) stays open."""
+    expected = join_secret()
+    if not expected or not node:
+        return
+    given = ""
+    for item in context.invocation_metadata() or ():
+        if item[0] == JOIN_KEY:
+            given = item[1] if isinstance(item[1], str) else item[1].decode("ascii", "replace")
+    if not hmac.compare_digest(given.encode(), expected.encode()):
+        raise WireError(grpc.StatusCode.PERMISSION_DENIED,
+                        f"register as {short(node)} {'without the' if not given else 'with a wrong'} join secret "
+                        f"(HFL_JOIN_SECRET: hfl run hands it to the processes it starts)", "bad_join")
 
 
 def metadata(token: str) -> tuple[tuple[str, str], ...]:

@@ -33,7 +33,8 @@ class Upstream:
     async def register(self, run_id: str, num_samples: int = 0, rejoin: bool = False,
                        timeout: float | None = None, trust: str = "") -> pb.RegisterReply:
         reply = await self.stub.Register(pb.RegisterRequest(run_id=run_id, node_id=self.node, num_samples=num_samples,
-                                                            rejoin=rejoin, trust=trust), wait_for_ready=True, timeout=timeout)
+                                                            rejoin=rejoin, trust=trust), wait_for_ready=True, timeout=timeout,
+                                     metadata=session.join_metadata())
         self.token = reply.session_token
         self._hold_presence(reply.run_id)
         return reply

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from hfl.common import config as config_mod
-from hfl.common import plans, rpc, session, topology, wire
+from hfl.common import plans, relay_tag, rpc, session, topology, wire
 from hfl.common.data import load_dataset
 from hfl.common.models import build, num_parameters
 from hfl.common.partition import partition
@@ -78,6 +78,8 @@ class Device:
         self.private = bool(plans.ALGORITHMS.get(cfg.run.algorithm).privacy) or \
             getattr(wire.CODECS.get(cfg.pipeline.uplink_encoding), "private", False)
         self.dp_source = cfg.privacy.noise_source
+        secret = relay_tag.secret_from_env()
+        self.relay_key = relay_tag.device_key(secret, node_id) if secret else None
         self.report_beta = cfg.control.controller != "none" and cfg.control.beta < 0  # H2FDP(ctrl) estimates beta
         self.chunk_bytes = cfg.net.chunk_kib * 1024
         self.max_bytes = cfg.net.max_message_mb << 20
@@ -119,6 +121,9 @@ class Device:
             log.info("%s round %d: %s %d bytes sha256=%s", self.id, task.round, name, len(tensor.data),
                      hashlib.sha256(tensor.data).hexdigest())
         transforms = list(transforms) + [on_wire.to_transform(r) for r in dp]
+        if self.relay and self.relay_key is not None:  # the cloud checks it; the relaying edge cannot forge it
+            transforms.append(pb.Transform(stage=relay_tag.STAGE, tier="device", name=relay_tag.tag(
+                self.relay_key, self.run_id, task.round, task.attempt, self.id, tensor.data)))
         meta = pb.Meta(run_id=self.run_id, round=task.round, phase=task.phases[step].kind, step=step,
                        sender_id=self.id, num_samples=len(self.shard), transforms=transforms, num_devices=1,
                        attempt=task.attempt)

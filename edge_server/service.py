@@ -145,6 +145,7 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
                                      "wrong_run")
             if node:
                 self._check_registration(request)
+            session.check_join(context, node)  # last: a malformed request is refused for what is wrong with it
         except wire.WireError as exc:
             await refuse(context, self.refusals, exc)
         token = ""

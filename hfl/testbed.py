@@ -21,6 +21,7 @@ import os
 import pathlib
 import re
 import resource
+import secrets
 import signal
 import subprocess
 import sys
@@ -179,6 +180,17 @@ class Testbed:
 
         env = dict(os.environ, PYTHONUNBUFFERED="1", HFL_PARENT_PID=str(os.getpid()), **(self.env or {}))
         env["PYTHONPATH"] = child_pythonpath(env)  # what the launcher imported (plugins), its children can import
+        # relayed uploads' device tags (common/relay_tag.py): a per-run secret for the cloud and the device hosts,
+        # never for an edge (the party it guards against), never in config.toml or a log
+        if not getattr(self, "_relay_secret", None):
+            self._relay_secret = os.environ.get("HFL_RELAY_SECRET") or secrets.token_hex(32)
+        if not getattr(self, "_join_secret", None):  # Register without it is refused (common/session.py)
+            self._join_secret = os.environ.get("HFL_JOIN_SECRET") or secrets.token_hex(16)
+        env["HFL_JOIN_SECRET"] = self._join_secret
+        if node.name.startswith("edge-"):
+            env.pop("HFL_RELAY_SECRET", None)
+        else:
+            env["HFL_RELAY_SECRET"] = self._relay_secret
         if restarted:  # a restarted cloud's start-up runs from its own launch
             env.pop("HFL_LAUNCHED_AT", None)
         with open(node.log_path, "ab") as log:

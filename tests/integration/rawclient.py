@@ -27,7 +27,8 @@ def stream(envelope_or_bytes) -> list[pb.Chunk]:
 
 
 class RawDevice:
-    def __init__(self, address: str, node_id: str, num_samples: int = 400):
+    def __init__(self, address: str, node_id: str, num_samples: int = 400, insider: bool = True):
+        self.insider = insider  # holds the run's join secret (HFL_JOIN_SECRET, set for the test session)
         self.channel = grpc.insecure_channel(address)
         grpc.channel_ready_future(self.channel).result(timeout=60)
         self.stub = pbg.EdgeServiceStub(self.channel)
@@ -59,7 +60,8 @@ class RawDevice:
 
     def register(self, num_samples: int | None = None, rejoin: bool = False, hold_presence: bool = True):
         reply = self.stub.Register(pb.RegisterRequest(run_id=self.run_id, node_id=self.id, rejoin=rejoin,
-                                                      num_samples=self.num_samples if num_samples is None else num_samples))
+                                                      num_samples=self.num_samples if num_samples is None else num_samples),
+                                   metadata=session.join_metadata() if self.insider else ())
         self.token = reply.session_token
         if hold_presence:  # a live session, as a real device holds it
             self.presence = self.stub.Presence(pb.PresenceRequest(run_id=self.run_id, node_id=self.id),
@@ -105,7 +107,8 @@ class RawEdge:
         self.token = token
 
     def register(self, node_id: str, rejoin: bool = False):
-        reply = self.stub.Register(pb.RegisterRequest(node_id=node_id, rejoin=rejoin), timeout=30)
+        reply = self.stub.Register(pb.RegisterRequest(node_id=node_id, rejoin=rejoin), timeout=30,
+                                   metadata=session.join_metadata())
         self.token = reply.session_token
         return reply
 

@@ -197,7 +197,7 @@ def corpus(tb, a: RawDevice, b: RawDevice, round_: int, step: int, kind: str, go
         stub = b.stub if address == edge_addr else edge0.stub
         req = pb.RegisterRequest(run_id=run_id if run is None else run, node_id=node, rejoin=rejoin,
                                  num_samples=b.num_samples if num_samples is None else num_samples)
-        return lambda: stub.Register(req, timeout=30)
+        return lambda: stub.Register(req, timeout=30, metadata=session.join_metadata())  # an insider's register
 
     unary = lambda method, data: lambda: channel.unary_unary(method, request_serializer=lambda x: x,
                                                               response_deserializer=lambda x: x)(data, timeout=30)

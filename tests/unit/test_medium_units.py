@@ -312,3 +312,30 @@ def test_implausible_side_information_is_left_out_of_the_slot():
     assert side_info_accepted(mu, sigma, 0.0).all()
     # honest spread of 50x passes at the default bound
     assert side_info_accepted(np.zeros(4), [1.0, 50.0, 2.0, 0.5], 100.0).all()
+
+
+def test_a_silent_edge_costs_one_slots_wait_not_every_slots(tmp_path):
+    """Issue 24, finding 5: an edge alive but silent on the medium is waited for once; the slot that closes
+    without it drops it for the round's later slots (the cloud's `drop`), so the others' round completes."""
+    import asyncio
+    import time
+
+    cfg = _cfg()
+    medium = Medium(cfg, tmp_path, dim=64)
+    phases = plans.build_plan(cfg)
+    absent: set = set()
+    expected = lambda: [f"edge-{i:03d}" for i in range(3) if f"edge-{i:03d}" not in absent]  # noqa: E731
+
+    async def scenario():
+        started = time.monotonic()
+        for step in range(2):
+            em = [medium.parse(_emission(cfg, medium, 0, step, edge=e)[0], 0, phases) for e in range(2)]
+            replies = await asyncio.gather(*(medium.air(f"edge-{e:03d}", em[e], 0, step, phases, expected, 1.0,
+                                                        absent.update) for e in range(2)))
+            assert all(r is not None for r in replies)
+        return time.monotonic() - started
+
+    seconds = asyncio.run(scenario())
+    assert absent == {"edge-002"}
+    assert 1.0 <= seconds < 1.9  # the first slot waited its 1 s for edge-002, the second did not wait again
+    assert medium.round_columns(0, {})["air_edges_dropped"] == 1

@@ -218,3 +218,49 @@ def test_a_range_wider_than_the_groups_clip_is_refused(tmp_path):
     with pytest.raises(wire.WireError) as err:
         center.fuse("edge-000", _relay("edge-000", [upload]), 0, 3)
     assert err.value.reason == "bad_header" and "clip" in str(err.value)
+
+
+def test_relayed_uploads_carry_a_device_tag_the_edge_cannot_forge(tmp_path, monkeypatch):
+    """Issue 24, finding 4: a mirrored (forged), replayed or untagged upload is refused; a dropped one is counted."""
+    from hfl.common import relay_tag
+
+    monkeypatch.setenv(relay_tag.ENV, "run-secret")
+    c = cfg()
+    dim = 300
+    center = FusionCenter(c, dim, tmp_path)
+    drawn, _ = center.draw(0)
+    mine = [n for n in sorted(drawn) if n in topology.edge_members(c, 0)]
+    uploads = _uploads(c, dim, mine, 0, drawn)
+    key = lambda n: relay_tag.device_key(b"run-secret", n)  # noqa: E731
+
+    def tagged(node, upload, round_=0, attempt=0, who=None):
+        out = pb.Envelope()
+        out.CopyFrom(upload)
+        out.meta.round = round_
+        out.meta.transforms.append(pb.Transform(stage=relay_tag.STAGE, tier="device", name=relay_tag.tag(
+            key(who or node), "run-x", round_, attempt, node, upload.tensors[0].data)))
+        return out
+
+    honest = {n: tagged(n, uploads[n]) for n in mine}
+    center.fuse("edge-000", _relay("edge-000", [honest[n] for n in mine]), 0, 3)
+    assert center.round_stats(0)["relay_missing"] == 0
+    forged = pb.Envelope()
+    forged.CopyFrom(honest[mine[0]])
+    forged.tensors[0].data = uploads[mine[1]].tensors[0].data  # another device's payload, the first one's tag
+    cases = {"untagged": uploads[mine[0]], "forged": forged,
+             "other key": tagged(mine[0], uploads[mine[0]], who=mine[1])}
+    for name, upload in cases.items():
+        with pytest.raises(wire.WireError) as err:
+            center.fuse("edge-000", _relay("edge-000", [upload]), 0, 3)
+        assert err.value.reason == "bad_relay_tag", name
+    # round 0's upload relayed as round 1: the tag binds the round
+    replayed = tagged(mine[0], uploads[mine[0]])
+    replayed.meta.round = 1
+    drawn1, _ = center.draw(1)
+    if mine[0] in drawn1:
+        with pytest.raises(wire.WireError) as err:
+            center.fuse("edge-000", _relay("edge-000", [replayed]), 1, 3)
+        assert err.value.reason == "bad_relay_tag"
+    # an edge that drops one of its drawn devices' uploads is counted
+    center.fuse("edge-000", _relay("edge-000", [honest[n] for n in mine[1:]]), 0, 3)
+    assert center.round_stats(0)["relay_missing"] == 1

@@ -16,7 +16,9 @@ one parameter tensor (weight and bias separately, Opacus' convention), in model.
 """
 from __future__ import annotations
 
+import functools
 import math
+import threading
 from typing import Sequence
 
 import numpy as np
@@ -232,20 +234,71 @@ def _sq(v: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(v, dim=1).to(torch.float64).square()
 
 
+_TAIL = 64  # rows this short finish their levels in one product with a cached matrix (dispatch, not flops, costs)
+
+
+@functools.lru_cache(maxsize=256)
+def _tail_matrix(length: int, first: int, count: int, n: int, weighted: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Levels first..first+count-1 of rows of `length` block sums as one product: M [Lp, K] (Lp = length padded
+    to a power of two) and weights w [K], so that (s M)^2 w is what _haar_levels adds and the last columns are
+    the block sums after the levels."""
+    lp = 1 << max(0, (length - 1).bit_length())
+    c = min(count, lp.bit_length() - 1)
+    cols, weights = [], []
+    for t in range(1, c + 1):
+        j, size = first + t - 1, 1 << t
+        for k in range(lp // size):
+            col = np.zeros(lp)
+            if weighted:
+                col[k * size:(k + 1) * size] = 1.0
+                weights.append(1.0 if j < n else 0.0)
+            else:
+                col[k * size:k * size + size // 2] = 1.0
+                col[k * size + size // 2:(k + 1) * size] = -1.0
+                weights.append(4.0 ** -j)
+            cols.append(col)
+    size = 1 << c
+    extra = range(first + c, first + count)  # levels past a single block sum S: (S - 0)^2 each
+    for k in range(lp // size):
+        col = np.zeros(lp)
+        col[k * size:(k + 1) * size] = 1.0
+        cols.append(col)
+        weights.append(sum(1.0 for j in extra if j < n) if weighted else sum(4.0 ** -j for j in extra))
+    m = torch.from_numpy(np.stack(cols, 1)[:length].astype(np.float32))
+    return m, torch.tensor(weights, dtype=torch.float64)
+
+
 def _haar_levels(s: torch.Tensor, first: int, last: int, n: int, acc: torch.Tensor, weighted: bool) -> torch.Tensor:
     """Levels first..last of an n-level HWT on block sums s [B, L] (blocks of 2^(first-1), zero padded on the
     right). Adds to acc [B] (float64) Q_j for each j < n (weighted) or 4^-j E_j (not); returns the block sums at
-    level `last`."""
-    for j in range(first, last + 1):
+    level `last`. Long rows go level by level (strided pair sums), short ones in one product (_tail_matrix)."""
+    j, norms, weights = first, [], []
+    while j <= last and s.shape[1] > _TAIL:
         if s.shape[1] % 2:
             s = F.pad(s, (0, 1))
         left, right = s[:, 0::2], s[:, 1::2]
         if not weighted:
-            acc.add_(_sq(left - right), alpha=4.0 ** -j)
+            norms.append(torch.linalg.vector_norm(left - right, dim=1))
+            weights.append(4.0 ** -j)
         s = left + right
         if weighted and j < n:
-            acc.add_(_sq(s))
+            norms.append(torch.linalg.vector_norm(s, dim=1))
+            weights.append(1.0)
+        j += 1
+    if norms:
+        acc.add_(torch.stack(norms, 1).to(torch.float64).square() @ torch.tensor(weights, dtype=torch.float64))
+    if j <= last:
+        m, w = _tail_matrix(s.shape[1], j, last - j + 1, n, weighted)
+        out = s @ m
+        acc.add_(out.square().to(torch.float64) @ w)
+        s = out[:, m.shape[1] - _tail_width(s.shape[1], last - j + 1):]
     return s
+
+
+def _tail_width(length: int, count: int) -> int:
+    """How many block sums rows of `length` have after `count` more levels (zero padded to a power of two)."""
+    lp = 1 << max(0, (length - 1).bit_length())
+    return max(1, lp >> min(count, lp.bit_length() - 1))
 
 
 def _segment_norm_sq(pieces: list, m: int, weighted: bool) -> torch.Tensor:
@@ -279,7 +332,7 @@ def _segment_norm_sq(pieces: list, m: int, weighted: bool) -> torch.Tensor:
     width += sum(-(-sum(sizes[i] for i in r) // (1 << J)) for r in runs)
     rest = n - J
     width += -width % (1 << min(rest, 6))  # whole pairs for the next six levels (fewer pads)
-    coarse = torch.zeros(b, width, dtype=dtype)
+    coarse = _scratch(b, width, dtype)
     at, i = 0, 0
     while i < len(pieces):
         if factored[i]:
@@ -306,10 +359,22 @@ def _segment_norm_sq(pieces: list, m: int, weighted: bool) -> torch.Tensor:
         r = _haar_levels(F.pad(r, (0, tail)) if tail else r, 1, J, n, acc, weighted)
         coarse[:, at:at + r.shape[1]] = r
         at += r.shape[1]
+    coarse[:, at:].zero_()
     s = _haar_levels(coarse, J + 1, n, n, acc, weighted)
     if n == 0:  # m = 1: the one coefficient is the value
         return acc.add_(_sq(s), alpha=-1.0 if weighted else 1.0)
     return acc if weighted else acc.add_(_sq(s) / float(m) ** 2)
+
+
+_SCRATCH = threading.local()
+
+
+def _scratch(b: int, width: int, dtype: torch.dtype) -> torch.Tensor:
+    """This thread's reused buffer for the level-J block sums (a fresh one per step costs its page faults)."""
+    key = (b, width, dtype)
+    if getattr(_SCRATCH, "key", None) != key:
+        _SCRATCH.key, _SCRATCH.buf = key, torch.empty(b, width, dtype=dtype)
+    return _SCRATCH.buf
 
 
 def _dense(part) -> torch.Tensor:
@@ -343,13 +408,14 @@ def needed_coefficients(size: int, m: int) -> list[tuple[int, int]]:
 def haar_inverse_prefix(h: torch.Tensor, size: int, m: int) -> torch.Tensor:
     """IHWT(c)[:, :size] from the needed coefficients only: h [B, K] holds, in needed_coefficients order, the
     coefficients that reach [0, size); every other coefficient of c is irrelevant to the result. O(size) work."""
-    spans = needed_coefficients(size, m)
-    ends = np.cumsum([c for _, c in spans]).tolist()
     b, n = h.shape[0], m.bit_length() - 1
-    a = h[:, :1]
-    for j in range(n, 0, -1):  # coarse to fine: a_2i = a_i + d_i, a_2i+1 = a_i - d_i
-        cnt = spans[j][1]
-        d = h[:, ends[j] - cnt:ends[j]]
+    j0, top = _inverse_top(size, m)
+    ends = np.cumsum([c for _, c in needed_coefficients(size, m)]).tolist()
+    # the coarse levels n..j0+1 (short rows) in one product with a cached matrix, then level by level
+    a = torch.cat([h[:, :1], h[:, ends[j0]:]], 1) @ _inverse_top_as(size, m, h.dtype) if j0 < n else h[:, :1]
+    for j in range(j0, 0, -1):  # coarse to fine: a_2i = a_i + d_i, a_2i+1 = a_i - d_i
+        cnt = ends[j] - ends[j - 1]
+        d = h[:, ends[j - 1]:ends[j]]
         out = torch.empty(b, cnt, 2, dtype=h.dtype)
         torch.add(a, d, out=out[..., 0])
         torch.sub(a, d, out=out[..., 1])
@@ -357,20 +423,52 @@ def haar_inverse_prefix(h: torch.Tensor, size: int, m: int) -> torch.Tensor:
     return a
 
 
-def wavelet_noise(layout: WaveletLayout, scales: torch.Tensor, generator: torch.Generator, batch: int
-                  ) -> list[torch.Tensor]:
-    """IHWT(z)[:P] per layout segment for z_c ~ N(0, scales_c^2) on every coefficient (scales [coeff_length], as
-    noise_scales gives): the coefficients that only reach the padding are not drawn (see the comment above)."""
+@functools.lru_cache(maxsize=64)
+def _inverse_top(size: int, m: int) -> tuple[int, torch.Tensor]:
+    """(j0, T): the level j0 whose rows hold at most 256 values, and the float64 matrix taking [H_0, d(j0+1), ...,
+    d(n)] (needed ones) to the level-j0 averages a_j0."""
+    n = m.bit_length() - 1
+    spans = needed_coefficients(size, m)
+    j0 = next((j for j in range(n + 1) if -(-size // (1 << j)) <= 256), n)
+    k = 1 + sum(c for _, c in spans[j0 + 1:])
+    eye = torch.eye(k, dtype=torch.float64)  # columns: H_0, then the needed d(j0+1), ..., d(n) in order
+    ends = np.cumsum([0] + [c for _, c in spans[j0 + 1:]]).tolist()
+    a = eye[:, :1]
+    for idx, j in reversed(list(enumerate(range(j0 + 1, n + 1)))):
+        d = eye[:, 1 + ends[idx]:1 + ends[idx + 1]]
+        a = torch.stack((a + d, a - d), -1).reshape(k, -1)[:, :-(-size // (1 << (j - 1)))]
+    return j0, a
+
+
+@functools.lru_cache(maxsize=64)
+def _inverse_top_as(size: int, m: int, dtype: torch.dtype) -> torch.Tensor:
+    return _inverse_top(size, m)[1].to(dtype)
+
+
+@functools.lru_cache(maxsize=64)
+def _needed_index(size: int, m: int, start: int) -> torch.Tensor:
+    return torch.cat([torch.arange(start + a, start + a + c) for a, c in needed_coefficients(size, m)])
+
+
+def compact_scales(layout: WaveletLayout, scales: torch.Tensor) -> list[torch.Tensor]:
+    """Per layout segment, the noise scales of the coefficients that reach the data (needed_coefficients order)."""
     out, start = [], 0
     for size, m in zip(layout.segments, layout.padded):
-        spans = needed_coefficients(size, m)
-        z = torch.randn(batch, sum(c for _, c in spans), generator=generator)
-        k = 0
-        for a, c in spans:
-            z[:, k:k + c].mul_(scales[start + a:start + a + c])
-            k += c
-        out.append(haar_inverse_prefix(z, size, m))
+        out.append(scales[_needed_index(size, m, start)])
         start += m
+    return out
+
+
+def wavelet_noise(layout: WaveletLayout, scales, generator: torch.Generator, batch: int) -> list[torch.Tensor]:
+    """IHWT(z)[:P] per layout segment for z_c ~ N(0, scales_c^2) on every coefficient (scales [coeff_length], as
+    noise_scales gives, or compact_scales of them): the coefficients that only reach the padding are not drawn
+    (see the comment above)."""
+    if isinstance(scales, torch.Tensor):
+        scales = compact_scales(layout, scales)
+    out = []
+    for size, m, sc in zip(layout.segments, layout.padded, scales):
+        z = torch.randn(batch, len(sc), generator=generator).mul_(sc)
+        out.append(haar_inverse_prefix(z, size, m))
     return out
 
 
@@ -393,10 +491,11 @@ def noise_scales(noise_multiplier: float, sensitivity: float, layout: WaveletLay
     return noise_multiplier * sensitivity / torch.from_numpy(layout.weights).to(torch.float32)
 
 
-def noisy_sum(total: torch.Tensor, scales: torch.Tensor, layout: WaveletLayout | None, generator: torch.Generator,
+def noisy_sum(total: torch.Tensor, scales, layout: WaveletLayout | None, generator: torch.Generator,
               out: torch.Tensor | None = None) -> torch.Tensor:
     """The lot's release: the clipped sum plus one noise draw, N(0, scales^2) on each coordinate or, with a wavelet
-    layout, on each Haar coefficient (IHWT(HWT(total) + noise)). `total` is [P] or [B, P] (B releases); it is
+    layout, on each Haar coefficient (IHWT(HWT(total) + noise), computed as total + IHWT(noise)). `scales` as
+    noise_scales gives them (or, with a layout, their compact_scales). `total` is [P] or [B, P] (B releases); it is
     updated in place where that saves a copy."""
     if layout is None:
         noise = torch.randn(total.shape, generator=generator, out=out) if out is not None and out.shape == total.shape \
@@ -530,6 +629,8 @@ def dp_sgd(model: nn.Module, w: np.ndarray, shard, lr: float, steps: int, q: flo
     use_bookkeeping = layers is not None and grad_method != "vmap"
     segments = sizes if per_layer else None
     noise_scale = noise_scales(noise_multiplier, sensitivity, layout)
+    if layout is not None:  # the scales of the coefficients that are drawn, gathered once
+        noise_scale = compact_scales(layout, noise_scale)
     width = theta.numel()
     expected_lot = float(fixed_lot_size(n, q) if lot == "fixed" else q * n)
 

@@ -132,8 +132,12 @@ def _bookkeeping_parts(model: nn.Module, params: dict[str, torch.Tensor], x: tor
 
     handles = [m.register_forward_hook(keep) for _, m in layers]
     try:
-        leaf = {k: v.detach().requires_grad_() for k, v in params.items()}
-        losses = F.cross_entropy(functional_call(model, leaf, (x,)), y, reduction="none")
+        own = dict(model.named_parameters())
+        if all(own.get(k) is v for k, v in params.items()):  # the module's own parameters: no reparametrisation
+            losses = F.cross_entropy(model(x), y, reduction="none")
+        else:
+            leaf = {k: v.detach().requires_grad_() for k, v in params.items()}
+            losses = F.cross_entropy(functional_call(model, leaf, (x,)), y, reduction="none")
     finally:
         for h in handles:
             h.remove()
@@ -627,6 +631,11 @@ def dp_sgd(model: nn.Module, w: np.ndarray, shard, lr: float, steps: int, q: flo
         _check("grad_method", layers is not None, "vmap for this model (bookkeeping needs only Linear / Conv2d "
                "layers)", grad_method)
     use_bookkeeping = layers is not None and grad_method != "vmap"
+    if use_bookkeeping:  # the module's parameters become the views of theta: a plain forward, no functional_call
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                p.data = params[name]
+        params = dict(model.named_parameters())
     segments = sizes if per_layer else None
     noise_scale = noise_scales(noise_multiplier, sensitivity, layout)
     if layout is not None:  # the scales of the coefficients that are drawn, gathered once

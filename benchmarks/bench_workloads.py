@@ -1,0 +1,226 @@
+"""A round of each paper's own workload against the 2-core limit. Run:
+
+    python benchmarks/bench_workloads.py [000 001 002 003 004] [--rounds 2] [--repeats 1] [--json FILE]
+
+Each workload is the paper's model, data shape, topology and mechanism (the deploy/ configs, fewer rounds):
+
+    000  H2FDP, device noise at untrusted edges, linear model, Fashion-MNIST, 10 edges x 5 (h2fdp-p05-fmnist)
+    001  QHetFed, QSGD on both hops, paper 001's CNN on Fashion-MNIST, 3 sets x 20 (scale-qhetfed-fmnist)
+    002  DP-SGD-WAV at 100 clients, 10 edges x 10, Fashion-MNIST, mnist-cnn (dp-sgd-wav with the paper's clients)
+    003  MultiAirFed on the over-the-air medium, M = 15 per cluster, 3 clusters, ota-cnn (scale-ota-fmnist)
+    004  DP-SQ with fusion (dpsq-fl), 100 devices / 10 per round, the 784-200-10 MLP (deploy/experiments/dpsq)
+
+The reference is the same local training with no RPC and no mechanism: every device that trains in a round takes
+the same number of plain SGD steps of the same batch size on its own shard from the round's model, split over 2
+processes (one torch thread each, half the devices each, weights averaged through pipes), timed in the same repeat.
+The count of steps per device per round comes from the round plan (plans.build_plan: local_sgd steps or epochs,
+local_dp_sgd steps of lots of q n, one minibatch per edge/air gradient step). Reported: median round time of the
+emulator (rounds after the first) / median round of the reference, start-up (launch to round 0, from the first
+checkpoint) and the peak summed PSS of every process of the testbed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing as mp
+import pathlib
+import statistics
+import sys
+import time
+
+import torch
+from torch.nn import functional as F
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+from hfl.common import config as config_mod  # noqa: E402
+from hfl.common import plans  # noqa: E402
+from hfl.common.data import load_dataset  # noqa: E402
+from hfl.common.models import build, init_parameters  # noqa: E402
+from hfl.common.partition import partition  # noqa: E402
+from hfl.common.seeding import numpy_rng, torch_generator  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+DPSQ = ["topology.edges=2", "topology.devices_per_edge=50", "model.name=mlp", "data.partition=iid",
+        "train.gamma=10", "train.batch_size=10", "train.lr=0.05", "pipeline.clip=clip_l1",
+        "pipeline.params.clip_l1.clip=10.0", "precision.group_sizes=[50, 50]", "precision.bits=[2, 4]",
+        "precision.epsilon1=[1e-6, 1e-6]", "precision.link_std=[6.25e-4, 0.125]", "precision.participants=10",
+        "precision.bit_budget=30", "run.algorithm=dpsq-fl", "pipeline.uplink_encoding=dpsq",
+        "data.dataset=fashion-mnist", "data.max_test_samples=2000"]
+WORKLOADS = {
+    "000": ("deploy/configs/h2fdp-p05-fmnist.toml", []),
+    "001": ("deploy/configs/scale-qhetfed-fmnist.toml", []),
+    "002": ("deploy/configs/dp-sgd-wav.toml", ["topology.edges=10", "topology.devices_per_edge=10",
+                                               "data.dataset=fashion-mnist", "data.max_test_samples=2000",
+                                               "net.phase_timeout_s=600"]),
+    "003": ("deploy/configs/scale-ota-fmnist.toml", []),
+    "004": (None, DPSQ),
+}
+
+
+def workload_config(name: str, rounds: int, extra: list[str] = ()):
+    path, overrides = WORKLOADS[name]
+    overrides = overrides + [f"run.rounds={rounds}", f"run.name=bench-{name}"] + list(extra)
+    return (str(ROOT / path) if path else None), overrides
+
+
+def local_work(cfg, shard_sizes: list[int]) -> list[tuple[int, int]]:
+    """(steps, batch) per device per round of the plain reference, from the round plan."""
+    out = []
+    for n in shard_sizes:
+        steps, batch = 0, cfg.train.batch_size
+        for phase in plans.build_plan(cfg):
+            p = phase.params
+            if phase.kind == plans.LOCAL_DP_SGD:
+                steps += int(p["steps"])
+                batch = max(1, round(float(p["q"]) * n))
+            elif phase.kind == "local_sgd":
+                steps += int(p["steps"]) if "steps" in p else int(p.get("epochs", 1)) * math.ceil(n / batch)
+            elif phase.kind.endswith("gradient_step"):
+                steps += 1
+        out.append((steps, batch))
+    return out
+
+
+def _setup(cfg, share: int, shares: int, active: int):
+    data = load_dataset(cfg.data)
+    parts = partition(data.y_train, cfg.num_devices, numpy_rng(cfg.run.seed, "data", "partition"), cfg.data)
+    parts = parts[:active]  # the devices that train in a round
+    mine = parts[share * len(parts) // shares:(share + 1) * len(parts) // shares]
+    mean = torch.tensor(data.mean).view(1, -1, 1, 1)
+    std = torch.tensor(data.std).view(1, -1, 1, 1)
+    shards = [(torch.from_numpy(data.x_train[p]), torch.from_numpy(data.y_train[p])) for p in mine]
+    model = build(cfg.model.name, data.input_shape, data.num_classes)
+    init_parameters(model, torch_generator(cfg.run.seed, "cloud", 0, 0, "init"))
+    return shards, local_work(cfg, [len(y) for _, y in shards]), model, mean, std
+
+
+def _worker(cfg, share: int, shares: int, active: int, conn) -> None:
+    torch.set_num_threads(1)
+    shards, work, model, mean, std = _setup(cfg, share, shares, active)
+    gen = torch.Generator().manual_seed(share)
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.train.lr)
+    conn.send("ready")
+    while (state := conn.recv()) is not None:
+        acc = {k: torch.zeros_like(v) for k, v in state.items()}
+        total = 0
+        for (x_u8, y), (steps, batch) in zip(shards, work):
+            model.load_state_dict(state)
+            for _ in range(steps):
+                idx = torch.randperm(len(y), generator=gen)[:batch]
+                x = x_u8[idx].float().div_(255).sub_(mean).div_(std)
+                opt.zero_grad()
+                F.cross_entropy(model(x), y[idx]).backward()
+                opt.step()
+            for k, v in model.state_dict().items():
+                acc[k] += len(y) * v
+            total += len(y)
+        conn.send((acc, total))
+
+
+def reference_round_seconds(cfg, rounds: int, active: int, processes: int = 2) -> list[float]:
+    ctx = mp.get_context("spawn")
+    pipes, procs = [], []
+    for i in range(processes):
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_worker, args=(cfg, i, processes, active, child), daemon=True)
+        proc.start()
+        pipes.append(parent)
+        procs.append(proc)
+    for conn in pipes:
+        assert conn.recv() == "ready"
+    data = load_dataset(cfg.data)
+    model = build(cfg.model.name, data.input_shape, data.num_classes)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    times = []
+    try:
+        for _ in range(rounds):
+            start = time.perf_counter()
+            for conn in pipes:
+                conn.send(state)
+            results = [conn.recv() for conn in pipes]
+            total = sum(n for _, n in results)
+            state = {k: sum(a[k] for a, _ in results) / total for k in state}
+            times.append(time.perf_counter() - start)
+    finally:
+        for conn in pipes:
+            conn.send(None)
+        for proc in procs:
+            proc.join(30)
+    return times
+
+
+def bench(name: str, rounds: int, repeats: int, extra: list[str]) -> dict:
+    path, overrides = workload_config(name, rounds, extra)
+    cfg = config_mod.load(path, overrides)
+    active = cfg.precision.participants if name == "004" and cfg.precision.participants else cfg.num_devices
+    reps = []
+    for i in range(repeats):
+        emu = _emulated_file(path, overrides)
+        ref = statistics.median(reference_round_seconds(cfg, max(2, rounds), active)[1:] or [float("nan")])
+        emu["reference_round_seconds"] = ref
+        emu["ratio"] = emu["round_seconds"] / ref
+        reps.append(emu)
+        print(f"[{name}] repeat {i + 1}/{repeats}: round {emu['round_seconds']:.2f}s = {emu['ratio']:.2f}x the "
+              f"2-process reference ({ref:.2f}s); start-up {emu.get('startup_seconds', float('nan')):.1f}s; peak PSS "
+              f"{emu['peak_pss_bytes'] / 2 ** 30:.2f} GiB; {emu['processes']} processes; accuracy "
+              f"{emu['final_accuracy']:.3f}", flush=True)
+    keys = ("round_seconds", "reference_round_seconds", "ratio", "startup_seconds", "peak_pss_bytes")
+    return {"repeats": reps, "median": {k: statistics.median(r[k] for r in reps) for k in keys
+                                        if all(k in r for r in reps)}, "devices": cfg.num_devices,
+            "model": cfg.model.name, "algorithm": cfg.run.algorithm}
+
+
+def _emulated_file(path: str | None, overrides: list[str]) -> dict:
+    """bench_round.emulated with a config file: round time, start-up, peak summed PSS of the testbed."""
+    import tempfile
+
+    from bench_round import MemorySampler
+
+    from hfl.testbed import Testbed
+    with tempfile.TemporaryDirectory() as tmp, Testbed(path, overrides, run_dir=pathlib.Path(tmp) / "run",
+                                                     start_timeout=900) as bed:
+        launched = time.time()
+        sampler = MemorySampler(bed)
+        sampler.start()
+        bed.wait(timeout=3600)
+        sampler.stop.set()
+        sampler.join()
+        rows = bed.metrics()
+        summary = json.loads((bed.run_dir / "summary.json").read_text())
+        processes = len(bed.nodes)
+    steady = rows[1:] if len(rows) > 1 else rows
+    out = {"round_seconds": statistics.median(r["round_seconds"] for r in steady),
+           "final_accuracy": summary.get("final_accuracy", float("nan")), "processes": processes,
+           "peak_pss_bytes": sampler.peak_pss, "peak_rss_bytes": sampler.peak_rss}
+    if "startup_seconds" in summary:
+        out["startup_seconds"] = summary["startup_seconds"]
+    elif sampler.first_checkpoint is not None:
+        out["startup_seconds"] = sampler.first_checkpoint - launched - rows[0]["round_seconds"]
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("workloads", nargs="*", default=sorted(WORKLOADS), choices=sorted(WORKLOADS))
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the emulated run (the first is not timed)")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--set", action="append", default=[], help="extra override for every workload")
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+    report = {}
+    for name in args.workloads:
+        report[name] = bench(name, args.rounds, args.repeats, args.set)
+        m = report[name]["median"]
+        print(f"({name}) {report[name]['algorithm']}, {report[name]['devices']} devices, {report[name]['model']}: "
+              f"median round {m['round_seconds']:.2f}s = {m['ratio']:.2f}x the 2-process reference (target <= 1.15); "
+              f"start-up {m.get('startup_seconds', float('nan')):.1f}s; peak PSS {m['peak_pss_bytes'] / 2 ** 30:.2f} "
+              f"GiB", flush=True)
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(report, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -81,7 +81,9 @@ def test_no_private_upload_carries_a_value_in_the_clear(hfl_testbed, name, overr
 def test_a_resumed_private_run_keeps_every_release_charged(hfl_testbed):
     tb = hfl_testbed(overrides=HFL_DP + ["run.rounds=4", "privacy.noise_multiplier=5", "topology.host_layout=per_edge"])
     deadline = time.monotonic() + 300
-    while len(tb.metrics()) < 2 and time.monotonic() < deadline:
+    while len(tb.metrics()) < 2:
+        assert time.monotonic() < deadline, "the run did not progress"
+        tb.check()
         time.sleep(0.2)
     tb.kill("cloud")
     tb.restart("cloud", resume=True)
@@ -101,10 +103,12 @@ def test_uploads_of_a_restarted_attempt_are_charged(hfl_testbed):
     the edge received in attempt 0 were released all the same, so the ledger charges both attempts."""
     tb = hfl_testbed(overrides=SMALL + ["run.algorithm=hfl-dp", "train.tau=10", "train.gamma=5", "run.rounds=3",
                                         "privacy.calibration=noise_multiplier", "privacy.noise_multiplier=5",
-                                        "topology.host_layout=per_edge", "topology.hosts_per_edge=3",
+                                        "privacy.epsilon=1e6", "topology.host_layout=per_edge", "topology.hosts_per_edge=3",
                                         "net.rejoin_grace_s=40"])
     deadline = time.monotonic() + 300
-    while len(tb.metrics()) < 1 and time.monotonic() < deadline:
+    while len(tb.metrics()) < 1:
+        assert time.monotonic() < deadline, "the run did not progress"
+        tb.check()
         time.sleep(0.05)
     tb.kill("devices-000-0")
     time.sleep(0.5)

@@ -47,7 +47,7 @@ def test_fashion_mnist_without_root_learns_and_reports_its_data(fashion_mnist, t
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["dataset"] == "fashion-mnist"
-    assert summary["final_accuracy"] > 0.45, summary["final_accuracy"]  # chance 0.10; 0.557 seen (seed 0, 3 rounds)
+    assert summary["final_accuracy"] > 0.45, summary["final_accuracy"]  # chance 0.10; 0.56-0.57 seen (seed 0, 3 rounds)
     report = json.loads((out / "data.json").read_text())
     assert sum(d["samples"] for d in report["devices"]) == sum(e["samples"] for e in report["edges"]) <= 60_000
     assert [e["classes_held"] for e in report["edges"]] == [6, 6]  # cluster-level skew as configured

@@ -239,15 +239,16 @@ def _sq(v: torch.Tensor) -> torch.Tensor:
 
 
 _TAIL = 64  # rows this short finish their levels in one product with a cached matrix (dispatch, not flops, costs)
+_CHUNKED = 1 << 18  # arrays this small take up to six levels per product over chunks of 2^6
 
 
 @functools.lru_cache(maxsize=256)
 def _tail_matrix(length: int, first: int, count: int, n: int, weighted: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Levels first..first+count-1 of rows of `length` block sums as one product: M [Lp, K] (Lp = length padded
-    to a power of two) and weights w [K], so that (s M)^2 w is what _haar_levels adds and the last columns are
+    """Levels first..first+count-1 of rows of `length` block sums as one product: M [length, K] (rows zero padded
+    to whole blocks of the last level) and weights w [K], so that (s M)^2 w is what _haar_levels adds and the last columns are
     the block sums after the levels."""
-    lp = 1 << max(0, (length - 1).bit_length())
-    c = min(count, lp.bit_length() - 1)
+    c = min(count, max(0, (length - 1).bit_length()))  # the levels that still pair values (then one sum is left)
+    lp = -(-length // (1 << c)) << c  # padded to whole blocks of the last of them
     cols, weights = [], []
     for t in range(1, c + 1):
         j, size = first + t - 1, 1 << t
@@ -278,6 +279,14 @@ def _haar_levels(s: torch.Tensor, first: int, last: int, n: int, acc: torch.Tens
     level `last`. Long rows go level by level (strided pair sums), short ones in one product (_tail_matrix)."""
     j, norms, weights = first, [], []
     while j <= last and s.shape[1] > _TAIL:
+        lead = min(6, last - j + 1, _trailing_zeros(s.shape[1]))
+        if s.numel() <= _CHUNKED and lead > 1:  # small rows: `lead` levels in one product over chunks of 2^lead
+            m, w = _tail_matrix(1 << lead, j, lead, n, weighted)
+            out = s.reshape(-1, 1 << lead) @ m
+            acc.add_((out.square().to(torch.float64) @ w).view(s.shape[0], -1).sum(1))
+            s = out[:, -1].view(s.shape[0], -1)
+            j += lead
+            continue
         if s.shape[1] % 2:
             s = F.pad(s, (0, 1))
         left, right = s[:, 0::2], s[:, 1::2]
@@ -300,9 +309,9 @@ def _haar_levels(s: torch.Tensor, first: int, last: int, n: int, acc: torch.Tens
 
 
 def _tail_width(length: int, count: int) -> int:
-    """How many block sums rows of `length` have after `count` more levels (zero padded to a power of two)."""
-    lp = 1 << max(0, (length - 1).bit_length())
-    return max(1, lp >> min(count, lp.bit_length() - 1))
+    """How many block sums rows of `length` have after `count` more levels (as _tail_matrix pads them)."""
+    c = min(count, max(0, (length - 1).bit_length()))
+    return -(-length // (1 << c))
 
 
 def _segment_norm_sq(pieces: list, m: int, weighted: bool) -> torch.Tensor:

@@ -16,7 +16,7 @@ from hfl.device_client.training import make_shard
 # the shipped models at their datasets' shapes, an mlp whose input (25) has no power-of-two factor (nothing
 # factors: every layer is materialised) and a deeper mlp whose Linear layers align to different levels
 CASES = [("mlp", (1, 28, 28)), ("mlp", (1, 5, 5)), ("mnist-cnn", (1, 28, 28)), ("cifar-cnn", (3, 32, 32)),
-         ("deep", (1, 28, 28))]
+         ("deep", (1, 28, 28)), ("ota-cnn", (1, 28, 28)), ("linear", (1, 28, 28))]
 
 
 def _model(name, shape):

@@ -239,7 +239,6 @@ def _sq(v: torch.Tensor) -> torch.Tensor:
 
 
 _TAIL = 64  # rows this short finish their levels in one product with a cached matrix (dispatch, not flops, costs)
-_CHUNKED = 1 << 18  # arrays this small take up to six levels per product over chunks of 2^6
 
 
 @functools.lru_cache(maxsize=256)
@@ -279,14 +278,6 @@ def _haar_levels(s: torch.Tensor, first: int, last: int, n: int, acc: torch.Tens
     level `last`. Long rows go level by level (strided pair sums), short ones in one product (_tail_matrix)."""
     j, norms, weights = first, [], []
     while j <= last and s.shape[1] > _TAIL:
-        lead = min(6, last - j + 1, _trailing_zeros(s.shape[1]))
-        if s.numel() <= _CHUNKED and lead > 1:  # small rows: `lead` levels in one product over chunks of 2^lead
-            m, w = _tail_matrix(1 << lead, j, lead, n, weighted)
-            out = s.reshape(-1, 1 << lead) @ m
-            acc.add_((out.square().to(torch.float64) @ w).view(s.shape[0], -1).sum(1))
-            s = out[:, -1].view(s.shape[0], -1)
-            j += lead
-            continue
         if s.shape[1] % 2:
             s = F.pad(s, (0, 1))
         left, right = s[:, 0::2], s[:, 1::2]

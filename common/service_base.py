@@ -84,7 +84,12 @@ class RoundBoard:
 
 async def refuse(context: grpc.aio.ServicerContext, refusals: Refusals, exc: wire.WireError) -> None:
     detail = truncate(str(exc))
-    refusals.add(exc.reason, context.peer(), detail)
+    if exc.code == grpc.StatusCode.UNAVAILABLE:
+        # "not yet" (a server still starting or joining its upstream): the caller retries; not a bad message, so not
+        # counted in `refused` (its count would follow the machine's speed, not what peers sent)
+        log.info("not ready for %s: %s", truncate(context.peer(), 100), detail)
+    else:
+        refusals.add(exc.reason, context.peer(), detail)
     await context.abort(exc.code, detail)
 
 

@@ -1,18 +1,28 @@
 """Local-training throughput: DP-SGD (per-example clipping + noise) against plain SGD, same model and batch.
 
-    python benchmarks/bench_dpsgd.py [--models mlp mnist-cnn] [--batch 64] [--steps 10] [--repeats 5]
-                                     [--wavelet] [--opacus]
+    python benchmarks/bench_dpsgd.py [--models linear mlp mnist-cnn ota-cnn cifar-cnn] [--batch 64] [--steps 10]
+                                     [--repeats 5] [--wavelet] [--no-vmap] [--opacus] [--per-example] [--wall]
 
-Reports samples/second (median of --repeats runs, each of --steps steps) and the DP/plain cost as the
-median of the paired ratios within each repeat (target: at most 3x). "dp-sgd" uses the book-keeping
-(ghost-norm) clipped sum, "dp-sgd[vmap]" materialises per-example gradients with torch.func. --opacus also
-times per-example gradients with Opacus' GradSampleModule against torch.func on the same batch (Opacus is
-optional: pip install opacus --no-deps). Synthetic uint8 images; throughput does not depend on pixel values.
+Reports samples/second (median of --repeats runs, each of --steps steps) and the DP/plain cost as the median of
+the paired ratios within each repeat. Times are this process' CPU time by default (torch on one thread): on a
+2-core machine shared with other work the wall clock measures the neighbours as much as the code (--wall for it).
+"dp-sgd" uses the book-keeping (ghost-norm) clipped sum, "dp-sgd[vmap]" materialises per-example gradients with
+torch.func, "dp-sgd-wav" is paper 002's DP-SGD-WAV on the book-keeping path (coefficient-domain norms level by
+level, noise transformed alone: see per_example.py). --opacus times a full DP step (per-example gradients,
+clipping, noise, update) of the project's dp_sgd and of Opacus' PrivacyEngine (grad_sample_mode "hooks" and,
+for Linear-only models, "ghost") on the same model, batch, clip and sigma in the same repeat, and checks both
+clipped sums on one fixed batch (Opacus is the optional extra: pip install -e ".[bench]", opacus 1.6.0).
+Synthetic uint8 images; throughput does not depend on pixel values.
 
-Measured (2 shared CPU cores, batch 64, 10 steps, median of 9): cost vs plain SGD
-    mlp        dp-sgd x2.02   dp-sgd[vmap] x48.8   dp-sgd-wav x197
-    mnist-cnn  dp-sgd x2.20   dp-sgd[vmap] x1.69   dp-sgd-wav x2.39
-    cifar-cnn  dp-sgd x2.44   dp-sgd[vmap] x2.60   dp-sgd-wav x5.88
+Measured 2026-11-24 (2 shared CPU cores, load average 10-13, CPU time, batch 64, 10 steps, median of 5):
+cost vs plain SGD                       dp-sgd   dp-sgd-wav   project / Opacus full DP step (hooks; ghost)
+    linear     (M = 7,850)              x1.80    x3.67 (x3.49 in a rerun)   x0.39; x0.42
+    mlp        (159,010)                x2.03    x3.77 (was x197)           x0.06; x0.47
+    mnist-cnn  (28,938)                 x1.38    x1.41                      x0.82
+    ota-cnn    (225,034)                x1.37    x1.59                      x0.36
+    cifar-cnn  (591,274)                x1.92    x2.25 (was x5.9)           (see the README)
+    clipped sums, project vs Opacus on one batch: max |diff| / max |sum| = 1.5e-5 to 1.6e-5 (Opacus divides by
+    norm + 1e-6, the project shrinks clipped rows by 2^-16 so that float32 norms stay <= C)
 """
 from __future__ import annotations
 

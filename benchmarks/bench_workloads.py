@@ -29,6 +29,7 @@ import statistics
 import sys
 import time
 
+import psutil
 import torch
 from torch.nn import functional as F
 
@@ -103,6 +104,7 @@ def _worker(cfg, share: int, shares: int, active: int, conn) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=cfg.train.lr)
     conn.send("ready")
     while (state := conn.recv()) is not None:
+        cpu = time.process_time()
         acc = {k: torch.zeros_like(v) for k, v in state.items()}
         total = 0
         for (x_u8, y), (steps, batch) in zip(shards, work):
@@ -116,10 +118,11 @@ def _worker(cfg, share: int, shares: int, active: int, conn) -> None:
             for k, v in model.state_dict().items():
                 acc[k] += len(y) * v
             total += len(y)
-        conn.send((acc, total))
+        conn.send((acc, total, time.process_time() - cpu))
 
 
-def reference_round_seconds(cfg, rounds: int, active: int, processes: int = 2) -> list[float]:
+def reference_round_seconds(cfg, rounds: int, active: int, processes: int = 2) -> tuple[list[float], list[float]]:
+    """(wall seconds, CPU seconds summed over the processes) of each round of the plain reference."""
     ctx = mp.get_context("spawn")
     pipes, procs = [], []
     for i in range(processes):
@@ -133,22 +136,23 @@ def reference_round_seconds(cfg, rounds: int, active: int, processes: int = 2) -
     data = load_dataset(cfg.data)
     model = build(cfg.model.name, data.input_shape, data.num_classes)
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    times = []
+    times, cpus = [], []
     try:
         for _ in range(rounds):
             start = time.perf_counter()
             for conn in pipes:
                 conn.send(state)
             results = [conn.recv() for conn in pipes]
-            total = sum(n for _, n in results)
-            state = {k: sum(a[k] for a, _ in results) / total for k in state}
+            total = sum(r[1] for r in results)
+            state = {k: sum(r[0][k] for r in results) / total for k in state}
             times.append(time.perf_counter() - start)
+            cpus.append(sum(r[2] for r in results))
     finally:
         for conn in pipes:
             conn.send(None)
         for proc in procs:
             proc.join(30)
-    return times
+    return times, cpus
 
 
 def bench(name: str, rounds: int, repeats: int, extra: list[str]) -> dict:
@@ -158,15 +162,20 @@ def bench(name: str, rounds: int, repeats: int, extra: list[str]) -> dict:
     reps = []
     for i in range(repeats):
         emu = _emulated_file(path, overrides)
-        ref = statistics.median(reference_round_seconds(cfg, max(2, rounds), active)[1:] or [float("nan")])
-        emu["reference_round_seconds"] = ref
+        walls, cpus = reference_round_seconds(cfg, max(2, rounds), active)
+        ref, ref_cpu = statistics.median(walls[1:]), statistics.median(cpus[1:])
+        emu["reference_round_seconds"], emu["reference_round_cpu_seconds"] = ref, ref_cpu
         emu["ratio"] = emu["round_seconds"] / ref
+        emu["cpu_ratio"] = emu["round_cpu_seconds"] / ref_cpu
         reps.append(emu)
         print(f"[{name}] repeat {i + 1}/{repeats}: round {emu['round_seconds']:.2f}s = {emu['ratio']:.2f}x the "
-              f"2-process reference ({ref:.2f}s); start-up {emu.get('startup_seconds', float('nan')):.1f}s; peak PSS "
+              f"2-process reference ({ref:.2f}s); CPU per round {emu['round_cpu_seconds']:.2f}s = "
+              f"{emu['cpu_ratio']:.2f}x the reference's ({ref_cpu:.2f}s); start-up "
+              f"{emu.get('startup_seconds', float('nan')):.1f}s; peak PSS "
               f"{emu['peak_pss_bytes'] / 2 ** 30:.2f} GiB; {emu['processes']} processes; accuracy "
               f"{emu['final_accuracy']:.3f}", flush=True)
-    keys = ("round_seconds", "reference_round_seconds", "ratio", "startup_seconds", "peak_pss_bytes")
+    keys = ("round_seconds", "reference_round_seconds", "ratio", "round_cpu_seconds", "reference_round_cpu_seconds",
+            "cpu_ratio", "startup_seconds", "peak_pss_bytes")
     return {"repeats": reps, "median": {k: statistics.median(r[k] for r in reps) for k in keys
                                         if all(k in r for r in reps)}, "devices": cfg.num_devices,
             "model": cfg.model.name, "algorithm": cfg.run.algorithm}
@@ -179,10 +188,50 @@ def _emulated_file(path: str | None, overrides: list[str]) -> dict:
     from bench_round import MemorySampler
 
     from hfl.testbed import Testbed
+    class Sampler(MemorySampler):
+        """Also the summed CPU seconds of the testbed's processes when round 0 ends and at the last poll."""
+
+        cpu_first = cpu_last = None
+
+        def run(self) -> None:
+            seen_cpu = {}  # pid -> latest CPU seconds (a process that has exited keeps its last reading)
+            while not self.stop.is_set():
+                for node in list(self.bed.nodes.values()):
+                    try:
+                        proc = psutil.Process(node.proc.pid)
+                        for p in [proc] + proc.children(recursive=True):
+                            t = p.cpu_times()
+                            seen_cpu[p.pid] = t.user + t.system
+                    except psutil.Error:
+                        pass
+                cpu = sum(seen_cpu.values())
+                seen = self.first_checkpoint is not None
+                self.cpu_last = cpu
+                super_poll(self)
+                if not seen and self.first_checkpoint is not None:
+                    self.cpu_first = cpu
+                self.stop.wait(0.25)
+
+    def super_poll(sampler) -> None:  # one poll of MemorySampler (its loop body)
+        rss = pss = 0
+        for node in list(sampler.bed.nodes.values()):
+            try:
+                info = psutil.Process(node.proc.pid).memory_full_info()
+                rss += info.rss
+                pss += getattr(info, "pss", info.rss)
+            except (psutil.Error, AttributeError):
+                pass
+        sampler.peak_rss, sampler.peak_pss = max(sampler.peak_rss, rss), max(sampler.peak_pss, pss)
+        if sampler.first_checkpoint is None:
+            try:
+                sampler.first_checkpoint = (sampler.bed.run_dir / "checkpoint.npz").stat().st_mtime
+            except OSError:
+                pass
+
     with tempfile.TemporaryDirectory() as tmp, Testbed(path, overrides, run_dir=pathlib.Path(tmp) / "run",
                                                      start_timeout=900) as bed:
         launched = time.time()
-        sampler = MemorySampler(bed)
+        sampler = Sampler(bed)
         sampler.start()
         bed.wait(timeout=3600)
         sampler.stop.set()
@@ -193,7 +242,10 @@ def _emulated_file(path: str | None, overrides: list[str]) -> dict:
     steady = rows[1:] if len(rows) > 1 else rows
     out = {"round_seconds": statistics.median(r["round_seconds"] for r in steady),
            "final_accuracy": summary.get("final_accuracy", float("nan")), "processes": processes,
-           "peak_pss_bytes": sampler.peak_pss, "peak_rss_bytes": sampler.peak_rss}
+           "peak_pss_bytes": sampler.peak_pss, "peak_rss_bytes": sampler.peak_rss,
+           # CPU from the end of round 0 to the last poll (the later rounds, their evaluation and the shutdown)
+           "round_cpu_seconds": (sampler.cpu_last - sampler.cpu_first) / max(1, len(rows) - 1)
+           if sampler.cpu_first is not None and sampler.cpu_last is not None else float("nan")}
     if "startup_seconds" in summary:
         out["startup_seconds"] = summary["startup_seconds"]
     elif sampler.first_checkpoint is not None:

@@ -151,21 +151,25 @@ class MemorySampler(threading.Thread):
 
     def run(self) -> None:
         while not self.stop.is_set():
-            rss = pss = 0
-            for node in list(self.bed.nodes.values()):
-                try:
-                    info = psutil.Process(node.proc.pid).memory_full_info()
-                    rss += info.rss
-                    pss += getattr(info, "pss", info.rss)
-                except (psutil.Error, AttributeError):
-                    pass
-            self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
-            if self.first_checkpoint is None:
-                try:
-                    self.first_checkpoint = (self.bed.run_dir / "checkpoint.npz").stat().st_mtime
-                except OSError:
-                    pass
+            self.poll()
             self.stop.wait(0.5)
+
+    def poll(self) -> None:
+        """One sample: the summed memory of the processes; the first checkpoint's time once it exists."""
+        rss = pss = 0
+        for node in list(self.bed.nodes.values()):
+            try:
+                info = psutil.Process(node.proc.pid).memory_full_info()
+                rss += info.rss
+                pss += getattr(info, "pss", info.rss)
+            except (psutil.Error, AttributeError):
+                pass
+        self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
+        if self.first_checkpoint is None:
+            try:
+                self.first_checkpoint = (self.bed.run_dir / "checkpoint.npz").stat().st_mtime
+            except OSError:
+                pass
 
 
 def emulated(overrides: list[str], sample_memory: bool = False) -> dict:

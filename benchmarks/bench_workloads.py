@@ -189,44 +189,26 @@ def _emulated_file(path: str | None, overrides: list[str]) -> dict:
 
     from hfl.testbed import Testbed
     class Sampler(MemorySampler):
-        """Also the summed CPU seconds of the testbed's processes when round 0 ends and at the last poll."""
+        """Also the summed CPU seconds of the testbed's processes when round 0 ends and at the last poll (a process
+        that has exited keeps its last reading)."""
 
         cpu_first = cpu_last = None
 
-        def run(self) -> None:
-            seen_cpu = {}  # pid -> latest CPU seconds (a process that has exited keeps its last reading)
-            while not self.stop.is_set():
-                for node in list(self.bed.nodes.values()):
-                    try:
-                        proc = psutil.Process(node.proc.pid)
-                        for p in [proc] + proc.children(recursive=True):
-                            t = p.cpu_times()
-                            seen_cpu[p.pid] = t.user + t.system
-                    except psutil.Error:
-                        pass
-                cpu = sum(seen_cpu.values())
-                seen = self.first_checkpoint is not None
-                self.cpu_last = cpu
-                super_poll(self)
-                if not seen and self.first_checkpoint is not None:
-                    self.cpu_first = cpu
-                self.stop.wait(0.25)
-
-    def super_poll(sampler) -> None:  # one poll of MemorySampler (its loop body)
-        rss = pss = 0
-        for node in list(sampler.bed.nodes.values()):
-            try:
-                info = psutil.Process(node.proc.pid).memory_full_info()
-                rss += info.rss
-                pss += getattr(info, "pss", info.rss)
-            except (psutil.Error, AttributeError):
-                pass
-        sampler.peak_rss, sampler.peak_pss = max(sampler.peak_rss, rss), max(sampler.peak_pss, pss)
-        if sampler.first_checkpoint is None:
-            try:
-                sampler.first_checkpoint = (sampler.bed.run_dir / "checkpoint.npz").stat().st_mtime
-            except OSError:
-                pass
+        def poll(self) -> None:
+            self.seen_cpu = getattr(self, "seen_cpu", {})
+            for node in list(self.bed.nodes.values()):
+                try:
+                    proc = psutil.Process(node.proc.pid)
+                    for p in [proc] + proc.children(recursive=True):
+                        t = p.cpu_times()
+                        self.seen_cpu[p.pid] = t.user + t.system
+                except psutil.Error:
+                    pass
+            self.cpu_last = sum(self.seen_cpu.values())
+            before = self.first_checkpoint
+            super().poll()
+            if before is None and self.first_checkpoint is not None:
+                self.cpu_first = self.cpu_last
 
     with tempfile.TemporaryDirectory() as tmp, Testbed(path, overrides, run_dir=pathlib.Path(tmp) / "run",
                                                      start_timeout=900) as bed:

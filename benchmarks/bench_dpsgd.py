@@ -20,7 +20,7 @@ cost vs plain SGD                       dp-sgd   dp-sgd-wav   project / Opacus f
     mlp        (159,010)                x2.03    x3.77 (was x197)           x0.06; x0.47
     mnist-cnn  (28,938)                 x1.38    x1.41                      x0.82
     ota-cnn    (225,034)                x1.37    x1.59                      x0.36
-    cifar-cnn  (591,274)                x1.92    x2.25 (was x5.9)           (see the README)
+    cifar-cnn  (591,274)                x1.92    x2.25 (was x5.9)           x0.67
     clipped sums, project vs Opacus on one batch: max |diff| / max |sum| = 1.5e-5 to 1.6e-5 (Opacus divides by
     norm + 1e-6, the project shrinks clipped rows by 2^-16 so that float32 norms stay <= C)
 """

@@ -179,14 +179,14 @@ class PrivacyPolicy:
             self.plan_params[r][e] = dict(params)
         return plans_
 
-    def check_events(self, r: int, edge: str, transforms: Sequence[pb.Transform]) -> None:
+    def check_events(self, r: int, edge: str, records: Sequence[DpRecord]) -> None:
         """The cloud checks what an edge reports against the plan it sent: every edge- or device-tier event must
         state the planned multiplier of its stream and at least the planned sensitivity (a trusted edge scales its
         noise up for fewer contributors, never down). A forged multiplier is refused, not charged."""
         plan = self.plan_params.get(r, {}).get(edge)
         if plan is None:
             return
-        for rec in on_wire.from_transforms(transforms):
+        for rec in records:
             if rec.tier == "device-sample":
                 continue
             z, sens = plan.get(f"noise_z_{rec.stream}"), plan.get(f"noise_sens_{rec.stream}")

@@ -294,9 +294,9 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
             delta, _ = self.backhaul.receive(wire.single_tensor(envelope, "delta"), self.dim, self.cfg.run.seed, idx,
                                              self.round, meta.step)
         scalars = validate.check_scalars(envelope.scalars, meta.sender_id)
-        on_wire.from_transforms(meta.transforms, allowed=set(topology.edge_members(self.cfg, idx)))  # refuse malformed
+        records = on_wire.from_transforms(meta.transforms, allowed=set(topology.edge_members(self.cfg, idx)))
         if self.policy is not None:
-            self.policy.check_events(self.round, meta.sender_id, meta.transforms)
+            self.policy.check_events(self.round, meta.sender_id, records)
         if self.fusion is not None:
             scalars[FUSION_WEIGHT] = weight
         return EdgeResult(delta, meta.num_devices, meta.num_samples, scalars, list(meta.transforms), fused)

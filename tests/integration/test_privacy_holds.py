@@ -13,6 +13,7 @@ from hfl.common.privacy.events import DpRecord
 from hfl.common.privacy.ledger import PrivacyLedger
 
 from .conftest import SMALL
+from .test_faults import wait_rows
 
 ONE = SMALL + ["topology.edges=1", "topology.devices_per_edge=2", "model.name=mlp", "train.tau=5", "train.gamma=5",
                "run.rounds=1", "privacy.clip=1.0", "privacy.calibration=noise_multiplier", "privacy.trace_uploads=true",
@@ -80,11 +81,7 @@ def test_no_private_upload_carries_a_value_in_the_clear(hfl_testbed, name, overr
 
 def test_a_resumed_private_run_keeps_every_release_charged(hfl_testbed):
     tb = hfl_testbed(overrides=HFL_DP + ["run.rounds=4", "privacy.noise_multiplier=5", "topology.host_layout=per_edge"])
-    deadline = time.monotonic() + 300
-    while len(tb.metrics()) < 2:
-        assert time.monotonic() < deadline, "the run did not progress"
-        tb.check()
-        time.sleep(0.2)
+    wait_rows(tb, 2, timeout=300)
     tb.kill("cloud")
     tb.restart("cloud", resume=True)
     summary = tb.wait(timeout=300)
@@ -105,11 +102,7 @@ def test_uploads_of_a_restarted_attempt_are_charged(hfl_testbed):
                                         "privacy.calibration=noise_multiplier", "privacy.noise_multiplier=5",
                                         "privacy.epsilon=1e6", "topology.host_layout=per_edge", "topology.hosts_per_edge=3",
                                         "net.rejoin_grace_s=40"])
-    deadline = time.monotonic() + 300
-    while len(tb.metrics()) < 1:
-        assert time.monotonic() < deadline, "the run did not progress"
-        tb.check()
-        time.sleep(0.05)
+    wait_rows(tb, 1, timeout=300)
     tb.kill("devices-000-0")
     time.sleep(0.5)
     tb.restart("devices-000-0")

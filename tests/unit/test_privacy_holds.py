@@ -185,11 +185,11 @@ def test_the_cloud_refuses_edge_events_that_do_not_match_the_plan(tmp_path):
     participants = policy.participants(0)
     policy.cluster_plans(0, participants)
     honest = [r for r in policy.planned_records(0, participants) if r.node == "edge-000"]
-    policy.check_events(0, "edge-000", [on_wire.to_transform(r) for r in honest])
+    policy.check_events(0, "edge-000", honest)
     for forged in (honest[0].replace(noise_multiplier=1e-3), honest[0].replace(sensitivity=honest[0].sensitivity / 10),
                    honest[0].replace(sampling_rate=0.01)):
         with pytest.raises(WireError) as err:
-            policy.check_events(0, "edge-000", [on_wire.to_transform(forged)])
+            policy.check_events(0, "edge-000", [forged])
         assert err.value.reason == "bad_dp_event"
     # a trusted edge with fewer contributors records a larger sensitivity: accepted
-    policy.check_events(0, "edge-000", [on_wire.to_transform(honest[0].replace(sensitivity=honest[0].sensitivity * 3))])
+    policy.check_events(0, "edge-000", [honest[0].replace(sensitivity=honest[0].sensitivity * 3)])

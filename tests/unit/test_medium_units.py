@@ -243,7 +243,7 @@ def test_air_slot_clock_on_a_hand_computed_case():
 
 
 @pytest.mark.parametrize("overrides, key", [
-    (["run.algorithm=multiairfed"], "set channel.model = ota or orthogonal"),
+    (["run.algorithm=multiairfed"], "needs channel.model = ota or orthogonal"),
     (["run.algorithm=hierfavg", "channel.model=ota"], "needs channel.model = ideal"),
     (BASE + ["pipeline.clip=clip_l2"], "pipeline.clip"),
     (BASE + ["train.participants=2"], "train.participants"),

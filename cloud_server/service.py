@@ -286,13 +286,10 @@ class CloudServer(Gate, pbg.CloudServiceServicer):
         if self.resume:
             self.started = True  # edges come back with rejoin; the round barrier gives each its grace period
         else:
-            log.info("waiting for %d edges", len(self.edges))
-            try:
-                await asyncio.wait_for(self.joined.wait(), cfg.net.join_timeout_s)
-            except asyncio.TimeoutError:
-                pass
+            await self._await_edges(cfg.net.join_timeout_s)
             if not self.ready:
-                raise RuntimeError(f"no edge joined within {cfg.net.join_timeout_s}s")
+                raise RuntimeError(f"no edge joined within net.join_timeout_s = {cfg.net.join_timeout_s}s (edges that "
+                                   "registered and went away are named in the log above)")
             self.started = True
             missing = set(self.edges) - self.ready
             self.live.absent |= missing
@@ -349,6 +346,26 @@ class CloudServer(Gate, pbg.CloudServiceServicer):
         await self._finish(rows, started)
         executor.shutdown(wait=False)
         return 0 if self.stop_reason or any(r["edges"] for r in rows[-1:]) else 1
+
+    async def _await_edges(self, timeout: float, every_s: float = 30.0) -> None:
+        """Wait for every edge to fetch its first round, saying every `every_s` which are missing; an edge that
+        registered and then went away (its process exited) is not waited for past its grace period."""
+        log.info("waiting for %d edges (net.join_timeout_s = %.0f)", len(self.edges), timeout)
+        start = time.monotonic()
+        deadline, note = start + timeout, start + every_s
+        while not self.joined.is_set():
+            for node in sorted(self.live.expire()):
+                log.warning("%s registered, then went away for %.0fs before the run started; not waiting for it",
+                            node, self.live.grace_s)
+            missing = set(self.edges) - self.ready - self.live.absent
+            now = time.monotonic()
+            if not missing or now >= deadline:
+                return
+            if now >= note:
+                log.info("waiting for edges %s (%d of %d ready, %.0fs left of net.join_timeout_s)", sorted(missing),
+                         len(self.ready), len(self.edges), deadline - now)
+                note += every_s
+            await self.live.wait(min(deadline, note))
 
     async def _await_results(self, r: int, timeout: float) -> None:
         """Wait for every expected edge; a lost edge gets its grace period, a silent one `timeout`."""

@@ -384,7 +384,7 @@ def evaluate(claim: Claim, values: dict[str, list[float]]) -> dict[str, Any]:
     worst = min(comps, key=lambda c: RANK[c["verdict"]])
     return {"id": claim.id, "label": claim.label, "statement": claim.statement, "figure": claim.figure,
             "kind": claim.kind, "metric": claim.metric, "test": claim.test_text(), "factor": claim.factor,
-            "values": {cell: _stats(values.get(cell, [])) for cell in claim.cells},
+            "cells": claim.cells, "values": {cell: _stats(values.get(cell, [])) for cell in claim.cells},
             "paper_values": paper_values(claim), "comparisons": comps, "verdict": worst["verdict"],
             "why": "" if worst["verdict"] == HOLDS else f"{worst['comparison']}: {worst['why']}"}
 
@@ -526,11 +526,14 @@ def index(root: pathlib.Path = ROOT) -> str:
             f"unit tests: {', '.join(f'`{t}`' for t in check['unit_tests'])}" if check.get("unit_tests")
             else "no spec yet")
         if found:
-            verdict = "<br>".join(f"**{r['verdict']}**" + (f" ({r['label']})" if r["label"] else "") for _, r in found)
-            ours = "<br>".join("; ".join(f"{cell} {_value(s)}" for cell, s in r["values"].items()) for _, r in found)
+            verdict = "<br>".join(f"{d.rsplit('/', 1)[-1]}: **{r['verdict']}**" + (f" ({r['label']})" if r["label"] else "")
+                                  for d, r in found)
+            ours = "<br>".join("; ".join(f"{cell} {_value(r['values'][cell])}" for cell in r.get("cells", r["values"]))
+                               for _, r in found)
             links = "<br>".join(f"[{d}]({d}/results.md)" for d in dict.fromkeys(d for d, _ in found))
         else:
-            verdict, ours, links = "not run", "-", "-"
+            verdict = "not run" + (" (a unit-level check: its unit tests)" if check.get("unit_tests") else "")
+            ours, links = "-", "-"
         lines.append(f"| {cid} {check['title']} | {check['statement']} | {spec_cell} | {verdict} | {check['figure']} | "
                      f"{ours} | {links} |")
     return "\n".join(lines) + "\n"

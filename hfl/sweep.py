@@ -353,7 +353,8 @@ def _fmt(stat: dict) -> str:
 
 def markdown(spec: Spec, cells: list[dict], claim_results: list[dict] | None = None) -> str:
     eps_keys = sorted({k for c in cells for k in c["epsilon"]})
-    head = (["cell"] + spec.varied_keys + ["runs"] + list(TIMING.values())
+    timing = TIMING if any("timing" in c for c in cells) else {}  # a report from before timing was recorded: none
+    head = (["cell"] + spec.varied_keys + ["runs"] + list(timing.values())
             + [f"{f} (mean ± std)" for f in spec.report["fields"]] + [epsilon_label(k) for k in eps_keys])
     lines = [f"# Sweep {spec.name}", "", f"Spec: `{_shown(spec.path)}`. Mean ± sample standard deviation over seeds "
              f"(n = finished runs). A run's whole time counts everything from its config check to its last process "
@@ -363,7 +364,7 @@ def markdown(spec: Spec, cells: list[dict], claim_results: list[dict] | None = N
         row = ([c["cell"]] + [json.dumps(c["varied"][k]) if not isinstance(c["varied"][k], str) else c["varied"][k]
                               for k in spec.varied_keys]
                + [f"{len(c['finished'])}/{len(c['seeds'])}"]
-               + [_fmt(c.get("timing", {}).get(k, {"n": 0})) for k in TIMING]
+               + [_fmt(c.get("timing", {}).get(k, {"n": 0})) for k in timing]
                + [_fmt(c["stats"][f]) for f in spec.report["fields"]]
                + [_fmt(c["epsilon"][k]) if k in c["epsilon"] else "-" for k in eps_keys])
         lines.append("| " + " | ".join(row) + " |")

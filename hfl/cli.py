@@ -2,7 +2,7 @@
 
     hfl run [CONFIG] [--set section.key=value ...] [--out DIR]   everything on 127.0.0.1, live progress
     hfl run --resume RUN_DIR                                      continue an interrupted run from its checkpoint
-    hfl sweep SPEC.toml [--out DIR] [--jobs N] [--dry-run]        a grid of runs over seeds, table and plots
+    hfl sweep SPEC.toml [--out DIR] [--jobs N] [--dry-run] [--report-only]   runs over seeds, table, plots, claims
     hfl cloud | hfl edge | hfl devices ...                        one role (containers, real machines)
     hfl config [CONFIG] [--set ...] [--reference]                 check and print the resolved config, or the key reference
     hfl health ADDRESS                                            probe a server's gRPC health service

@@ -453,19 +453,56 @@ def plot(spec: Spec, runs: list[Run], out: pathlib.Path, verdicts: list[str] = (
     return written
 
 
-def write_results(spec: Spec, runs: list[Run], out: pathlib.Path, errors: dict[pathlib.Path, str]) -> dict:
+def provenance(spec: Spec, started: float, command: str) -> dict[str, Any]:
+    """What a committed report needs to be re-made: the command, the code's commit (and whether the tree had
+    uncommitted changes), the dates and wall time, the machine and every seed."""
+    import datetime
+    import os
+    import platform
+    import subprocess
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,
+                                  cwd=pathlib.Path(__file__).resolve().parent)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    stamp = lambda t: datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"command": command,
+            "commit": git("rev-parse", "HEAD"), "uncommitted_changes": None if status is None else bool(status),
+            "started": stamp(started), "finished": stamp(time.time()), "wall_seconds": round(time.time() - started, 1),
+            "machine": f"{platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
+            "seeds": spec.seeds}
+
+
+def provenance_markdown(prov: dict[str, Any] | None) -> str:
+    if not prov:
+        return ""
+    dirty = " (with uncommitted changes)" if prov.get("uncommitted_changes") else ""
+    return "\n".join(["", "## Provenance", "", f"- Command: `{prov['command']}`", f"- Commit: `{prov['commit']}`{dirty}",
+                      f"- Started {prov['started']}, finished {prov['finished']} ({prov['wall_seconds']} s this "
+                      f"invocation; runs finished before a resume are not timed again)",
+                      f"- Machine: {prov['machine']}"] + ([f"- Seeds: {prov['seeds']}"] if prov.get("seeds") else []) + [""])
+
+
+def write_results(spec: Spec, runs: list[Run], out: pathlib.Path, errors: dict[pathlib.Path, str],
+                  prov: dict[str, Any] | None = None) -> dict:
     cells = aggregate(spec, runs, errors)
     claim_results = claims_mod.evaluate_all(spec.claims, cells)
-    (out / "results.md").write_text(markdown(spec, cells, claim_results))
+    (out / "results.md").write_text(markdown(spec, cells, claim_results) + provenance_markdown(prov))
     plots = plot(spec, runs, out, claims_mod.verdict_lines(claim_results))
     plots += claims_mod.plot(claim_results, cells, out)
     result = {"name": spec.name, "spec": _shown(spec.path), "varied_keys": spec.varied_keys, "report": spec.report,
-              "cells": cells, "claims": claim_results, "plots": [p.name for p in plots]}
+              "cells": cells, "claims": claim_results, "plots": [p.name for p in plots],
+              **({"provenance": prov} if prov else {})}
     metrics.write_json(out / "results.json", result)
     return result
 
 
-def report_only(spec: Spec, out: pathlib.Path) -> dict:
+def report_only(spec: Spec, out: pathlib.Path, prov: dict[str, Any] | None = None) -> dict:
     """The claims of `spec` evaluated on a finished sweep's OUT/results.json (the per-seed values it holds), without
     the runs: results.md and results.json rewritten with the verdicts, the claim plots drawn; the curve plots, which
     need the runs' metrics, are kept as they are."""
@@ -483,10 +520,14 @@ def report_only(spec: Spec, out: pathlib.Path) -> dict:
         raise SweepError(f"--report-only: {path} did not tabulate {lacking[0]!r}: re-run the sweep")
     claim_results = claims_mod.evaluate_all(spec.claims, cells)
     shown = Spec(**{**spec.__dict__, "report": stored["report"]})
-    (out / "results.md").write_text(markdown(shown, cells, claim_results))
+    runs_prov = stored.get("provenance")
+    claims_prov = {**prov, "seeds": None} if prov else None
+    (out / "results.md").write_text(markdown(shown, cells, claim_results) + provenance_markdown(runs_prov)
+                                    + provenance_markdown(claims_prov).replace("## Provenance", "## Provenance of the verdicts"))
     plots = [p for p in stored.get("plots", []) if not p.startswith("claim_")]
     plots += [p.name for p in claims_mod.plot(claim_results, cells, out)]
-    result = {**stored, "spec": _shown(spec.path), "claims": claim_results, "plots": plots}
+    result = {**stored, "spec": _shown(spec.path), "claims": claim_results, "plots": plots,
+              **({"claims_provenance": claims_prov} if claims_prov else {})}
     metrics.write_json(out / "results.json", result)
     return result
 
@@ -535,6 +576,14 @@ def audit_cells(spec: Spec, runs: list[Run], console) -> None:
                       f"{report['epsilon_claimed']:.3g} stated for one release", markup=False)
 
 
+def command(spec_path, out, jobs: int, only_report: bool) -> str:
+    """The command line that re-makes this sweep's results (paths relative to the working directory)."""
+    parts = ["hfl sweep", _shown(pathlib.Path(spec_path).resolve())]
+    parts += ["--out", _shown(pathlib.Path(out).resolve())] if out else []
+    parts += ["--jobs", str(jobs)] if jobs != 1 else []
+    return " ".join(parts + (["--report-only"] if only_report else []))
+
+
 def _interrupt(*_) -> None:
     raise KeyboardInterrupt  # SIGTERM stops the sweep like Ctrl-C
 
@@ -551,7 +600,7 @@ def run_sweep(spec_path: str | pathlib.Path, out: str | pathlib.Path | None = No
         spec = load_spec(spec_path)
         out_dir = pathlib.Path(out or pathlib.Path("runs") / f"sweep-{spec.name}").resolve()
         if only_report:
-            result = report_only(spec, out_dir)
+            result = report_only(spec, out_dir, provenance(spec, time.time(), command(spec_path, out, jobs, True)))
             for line in claims_mod.verdict_lines(result["claims"]):
                 console.print(line, markup=False)
             console.print(f"results: {out_dir / 'results.md'}, results.json and claim plots", markup=False)
@@ -568,6 +617,7 @@ def run_sweep(spec_path: str | pathlib.Path, out: str | pathlib.Path | None = No
         console.print(f"sweep spec error: {exc}", markup=False)
         return 2
     todo = [r for r in runs if not r.done]
+    started = time.time()
     console.print(f"sweep {spec.name}: {len(runs)} runs in {len({r.cell for r in runs})} cells, {len(todo)} to run, "
                   f"{len(runs) - len(todo)} already finished; output {out_dir}", markup=False)
     if dry_run:
@@ -622,7 +672,7 @@ def run_sweep(spec_path: str | pathlib.Path, out: str | pathlib.Path | None = No
             pool.shutdown(wait=True)
     if spec.report.get("audit") is not None:
         audit_cells(spec, runs, console)
-    write_results(spec, runs, out_dir, errors)
+    write_results(spec, runs, out_dir, errors, provenance(spec, started, command(spec_path, out, jobs, False)))
     console.print(f"results: {out_dir / 'results.md'}, results.json and plots", markup=False)
     if not quiet:
         print((out_dir / "results.md").read_text())

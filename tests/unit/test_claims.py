@@ -212,6 +212,12 @@ def test_the_sweep_writes_verdicts_to_markdown_json_and_plots_and_report_only_re
     assert {"claim_001_9.4.png", "claim_001_9.1-at_lr_0.1.png"} <= set(result["plots"])
     assert (out / "claim_001_9.4.png").read_bytes()[:4] == b"\x89PNG"
 
+    assert sweep.run_sweep(tmp_path / "s.toml", out, quiet=True) == 0  # every run finished: nothing runs, results again
+    prov = json.loads((out / "results.json").read_text())["provenance"]
+    assert prov["command"] == f"hfl sweep {tmp_path / 's.toml'} --out {out}" and prov["seeds"] == [0, 1, 2]
+    assert len(prov["commit"]) == 40 and "CPUs" in prov["machine"] and prov["wall_seconds"] >= 0
+    assert f"- Command: `hfl sweep {tmp_path / 's.toml'} --out {out}`" in (out / "results.md").read_text()
+
     for run in runs:  # the runs are gone (as in a committed report); results.json alone gives the verdicts again
         shutil.rmtree(run.run_dir)
     stored = json.loads((out / "results.json").read_text())
@@ -221,7 +227,10 @@ def test_the_sweep_writes_verdicts_to_markdown_json_and_plots_and_report_only_re
     assert sweep.run_sweep(tmp_path / "s.toml", out, only_report=True) == 0
     again = json.loads((out / "results.json").read_text())
     assert [c["verdict"] for c in again["claims"]] == [claims.HOLDS, claims.NOT_SHOWN]
-    assert "### 001/9.4: **holds**" in (out / "results.md").read_text() and again["cells"] == stored["cells"]
+    table = (out / "results.md").read_text()
+    assert "### 001/9.4: **holds**" in table and again["cells"] == stored["cells"]
+    assert again["provenance"] == prov and again["claims_provenance"]["command"].endswith("--report-only")
+    assert "## Provenance\n" in table and "## Provenance of the verdicts" in table
 
 
 def test_report_only_needs_results_json(tmp_path, capsys):

@@ -35,8 +35,8 @@ The test, per comparison, over the seeds of each cell (n = finished runs):
   of freedom; for two cells it is scipy.stats.ttest_ind(equal_var=False, alternative=...), for one cell
   scipy.stats.ttest_1samp; for a difference of gaps (gap_trend) the same statistic over four cells.
 - bootstrap: every cell's seeds resampled with replacement (n_boot draws, default 10,000, fixed generator seed 0);
-  the one-sided p-value is the share of resampled contrasts on the wrong side of zero, and the interval reported is
-  the percentile interval [alpha, 1 - alpha].
+  the one-sided p-value is (1 + the resampled contrasts on the wrong side of zero) / (n_boot + 1), and the interval
+  reported is the percentile interval [alpha, 1 - alpha] of the contrast minus the threshold (a - b for two cells).
 
 Verdict of a comparison: **holds** (significant at alpha in the claimed direction, and, where the paper gives a
 magnitude, within `factor` of it), **holds in shape only** (significant in the claimed direction, magnitude off by

@@ -2,7 +2,7 @@
 
     hfl run [CONFIG] [--set section.key=value ...] [--out DIR]   everything on 127.0.0.1, live progress
     hfl run --resume RUN_DIR                                      continue an interrupted run from its checkpoint
-    hfl sweep SPEC.toml [--out DIR] [--jobs N] [--dry-run]        a grid of runs over seeds, table and plots
+    hfl sweep SPEC.toml [--out DIR] [--jobs N] [--dry-run] [--report-only]   runs over seeds, table, plots, claims
     hfl cloud | hfl edge | hfl devices ...                        one role (containers, real machines)
     hfl config [CONFIG] [--set ...] [--reference]                 check and print the resolved config, or the key reference
     hfl health ADDRESS                                            probe a server's gRPC health service
@@ -182,7 +182,8 @@ def cmd_run(args) -> int:
 def cmd_sweep(args) -> int:
     from hfl.sweep import run_sweep
 
-    return run_sweep(args.spec, args.out, jobs=args.jobs, dry_run=args.dry_run, quiet=args.quiet)
+    return run_sweep(args.spec, args.out, jobs=args.jobs, dry_run=args.dry_run, quiet=args.quiet,
+                     only_report=args.report_only)
 
 
 def _add_tls_args(p: argparse.ArgumentParser) -> None:
@@ -226,6 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=1, help="runs at the same time (each is a whole testbed)")
     p.add_argument("--dry-run", action="store_true", help="validate every run's config and list the runs, run nothing")
     p.add_argument("--quiet", action="store_true", help="no live progress, one line per finished run")
+    p.add_argument("--report-only", action="store_true",
+                   help="run nothing: evaluate the spec's claims on OUT/results.json and rewrite results.md/.json")
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("cloud", help="start the cloud server (drives the run)")

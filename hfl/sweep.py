@@ -20,9 +20,16 @@ A spec (paths relative to the spec file):
                                         # the cumulative emulated seconds and energy then (target.* columns)
     audit = { trials = 2000 }           # optional: `hfl audit privacy` once per private cell (its first seed's
                                         # config), columns audit.epsilon_lower_bound and audit.epsilon_one_release
+    [[claim]]                           # optional, repeated: a paper's claim tested over the seeds (hfl/claims.py)
+    id = "000/9.2"
+    statement = "no DP >= p = 1 > p = 0.5 > HFL-DP"
+    kind = "order"
+    metric = "final_accuracy"
+    cells = ["nodp", "p1", "p05", "hfldp"]
 
 Each run goes to OUT/CELL/seed-S; a run whose summary.json exists is not run again. At the end:
-OUT/results.md, OUT/results.json and OUT/CURVE_vs_X[__KEY-VALUE].png.
+OUT/results.md, OUT/results.json and OUT/CURVE_vs_X[__KEY-VALUE].png, with each claim's verdict (and
+OUT/claim_ID.png per claim). `--report-only` re-evaluates the claims of a finished sweep from its results.json.
 """
 from __future__ import annotations
 
@@ -39,10 +46,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from hfl import claims as claims_mod
 from hfl.common import config as config_mod
 from hfl.common import metrics
 
-SPEC_KEYS = ("name", "description", "config", "seeds", "base", "grid", "variants", "report")
+SPEC_KEYS = ("name", "description", "config", "seeds", "base", "grid", "variants", "report", "claim")
 REPORT_KEYS = ("fields", "curves", "x", "group_by", "target", "audit")
 DEFAULT_REPORT = {"fields": ["final_accuracy"], "curves": ["accuracy"], "x": ["round", "emulated_seconds"], "group_by": None,
                   "target": None, "audit": None}
@@ -77,10 +85,21 @@ class Spec:
     variants: dict[str, dict[str, Any]]
     seeds: list[int] | None
     report: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_REPORT))
+    claims: list[claims_mod.Claim] = field(default_factory=list)
 
     @property
     def varied_keys(self) -> list[str]:
         return ([VARIANT] if self.variants else []) + list(self.grid)
+
+    @property
+    def cells(self) -> dict[str, dict[str, Any]]:
+        """Cell name -> its varied values, in the order the sweep runs them."""
+        out = {}
+        for variant in list(self.variants) or [None]:
+            for values in itertools.product(*self.grid.values()):
+                varied = ({VARIANT: variant} if variant is not None else {}) | dict(zip(self.grid, values))
+                out[cell_name(varied)] = varied
+        return out
 
 
 # ---- spec ----------------------------------------------------------------------------------------
@@ -166,6 +185,10 @@ def parse_spec(text: str, path: pathlib.Path) -> Spec:
     if group_by is not None and group_by not in spec.varied_keys:
         raise SweepError(f"report.group_by = {group_by!r} is not varied by the sweep; varied keys: "
                          f"{', '.join(spec.varied_keys) or '(none)'}")
+    try:
+        spec.claims = claims_mod.parse_claims(raw.get("claim"), spec.cells, report["fields"])
+    except claims_mod.ClaimError as exc:
+        raise SweepError(str(exc)) from None
     return spec
 
 
@@ -328,11 +351,12 @@ def _fmt(stat: dict) -> str:
     return f"{stat['mean']:.{digits}f} ± {stat['std']:.{digits}f}"
 
 
-def markdown(spec: Spec, cells: list[dict]) -> str:
+def markdown(spec: Spec, cells: list[dict], claim_results: list[dict] | None = None) -> str:
     eps_keys = sorted({k for c in cells for k in c["epsilon"]})
-    head = (["cell"] + spec.varied_keys + ["runs"] + list(TIMING.values())
+    timing = TIMING if any("timing" in c for c in cells) else {}  # a report from before timing was recorded: none
+    head = (["cell"] + spec.varied_keys + ["runs"] + list(timing.values())
             + [f"{f} (mean ± std)" for f in spec.report["fields"]] + [epsilon_label(k) for k in eps_keys])
-    lines = [f"# Sweep {spec.name}", "", f"Spec: `{spec.path}`. Mean ± sample standard deviation over seeds "
+    lines = [f"# Sweep {spec.name}", "", f"Spec: `{_shown(spec.path)}`. Mean ± sample standard deviation over seeds "
              f"(n = finished runs). A run's whole time counts everything from its config check to its last process "
              f"exiting; `wall_seconds` counts its rounds only.", "", "| " + " | ".join(head) + " |",
              "|" + "---|" * len(head)]
@@ -340,7 +364,7 @@ def markdown(spec: Spec, cells: list[dict]) -> str:
         row = ([c["cell"]] + [json.dumps(c["varied"][k]) if not isinstance(c["varied"][k], str) else c["varied"][k]
                               for k in spec.varied_keys]
                + [f"{len(c['finished'])}/{len(c['seeds'])}"]
-               + [_fmt(c.get("timing", {}).get(k, {"n": 0})) for k in TIMING]
+               + [_fmt(c.get("timing", {}).get(k, {"n": 0})) for k in timing]
                + [_fmt(c["stats"][f]) for f in spec.report["fields"]]
                + [_fmt(c["epsilon"][k]) if k in c["epsilon"] else "-" for k in eps_keys])
         lines.append("| " + " | ".join(row) + " |")
@@ -351,7 +375,15 @@ def markdown(spec: Spec, cells: list[dict]) -> str:
     failed = [r for c in cells for r in c["runs"] if "error" in r]
     if failed:
         lines += ["", "Failed runs:", ""] + [f"- `{r['run_dir']}`: {r['error'].splitlines()[0]}" for r in failed]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + claims_mod.markdown(claim_results or [])
+
+
+def _shown(path: pathlib.Path) -> str:
+    """A path relative to the working directory where it lies below it (committed reports stay portable)."""
+    try:
+        return path.relative_to(pathlib.Path.cwd()).as_posix()
+    except ValueError:
+        return str(path)
 
 
 def curve_points(runs: list[Run], curve: str, x: str) -> list[tuple[float, float, float, int]]:
@@ -371,8 +403,9 @@ def curve_points(runs: list[Run], curve: str, x: str) -> list[tuple[float, float
     return points
 
 
-def plot(spec: Spec, runs: list[Run], out: pathlib.Path) -> list[pathlib.Path]:
-    """Mean over seeds with a +-1 std band, one line per cell; one PNG per (curve, x[, group value])."""
+def plot(spec: Spec, runs: list[Run], out: pathlib.Path, verdicts: list[str] = ()) -> list[pathlib.Path]:
+    """Mean over seeds with a +-1 std band, one line per cell; one PNG per (curve, x[, group value]); the claims'
+    verdicts in a box below the axes."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -390,7 +423,7 @@ def plot(spec: Spec, runs: list[Run], out: pathlib.Path) -> list[pathlib.Path]:
             lines = {cell: curve_points(members, curve, x) for cell, members in cells.items()}
             if not any(lines.values()):
                 continue  # e.g. no emulated_seconds in these metrics
-            fig, ax = plt.subplots(figsize=(6.5, 4.2), dpi=110)
+            fig, ax = plt.subplots(figsize=(6.5, 4.2 + 0.14 * len(verdicts)), dpi=110)
             for cell, pts in lines.items():
                 if not pts:
                     continue
@@ -406,6 +439,12 @@ def plot(spec: Spec, runs: list[Run], out: pathlib.Path) -> list[pathlib.Path]:
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
             fig.tight_layout()
+            if verdicts:
+                box = 0.034 * len(verdicts) / (1 + 0.034 * len(verdicts)) + 0.02
+                fig.subplots_adjust(bottom=fig.subplotpars.bottom + box)
+                fig.text(0.01, 0.01, "claims: " + "; ".join(verdicts) if len(verdicts) < 3 else
+                         "claims:\n" + "\n".join(verdicts), fontsize=6, va="bottom",
+                         bbox={"boxstyle": "round", "facecolor": "lightyellow", "alpha": 0.8})
             suffix = f"__{_slug(group_by)}-{_slug(json.loads(group))}" if group_by else ""
             path = out / f"{_slug(curve)}_vs_{_slug(x)}{suffix}.png"
             fig.savefig(path)
@@ -414,12 +453,81 @@ def plot(spec: Spec, runs: list[Run], out: pathlib.Path) -> list[pathlib.Path]:
     return written
 
 
-def write_results(spec: Spec, runs: list[Run], out: pathlib.Path, errors: dict[pathlib.Path, str]) -> dict:
+def provenance(spec: Spec, started: float, command: str) -> dict[str, Any]:
+    """What a committed report needs to be re-made: the command, the code's commit (and whether the tree had
+    uncommitted changes), the dates and wall time, the machine and every seed."""
+    import datetime
+    import os
+    import platform
+    import subprocess
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,
+                                  cwd=pathlib.Path(__file__).resolve().parent)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    stamp = lambda t: datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"command": command,
+            "commit": git("rev-parse", "HEAD"), "uncommitted_changes": None if status is None else bool(status),
+            "started": stamp(started), "finished": stamp(time.time()), "wall_seconds": round(time.time() - started, 1),
+            "machine": f"{platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
+            "seeds": spec.seeds}
+
+
+def provenance_markdown(prov: dict[str, Any] | None) -> str:
+    if not prov:
+        return ""
+    dirty = " (with uncommitted changes)" if prov.get("uncommitted_changes") else ""
+    return "\n".join(["", "## Provenance", "", f"- Command: `{prov['command']}`", f"- Commit: `{prov['commit']}`{dirty}",
+                      f"- Started {prov['started']}, finished {prov['finished']} ({prov['wall_seconds']} s this "
+                      f"invocation; runs finished before a resume are not timed again)",
+                      f"- Machine: {prov['machine']}"] + ([f"- Seeds: {prov['seeds']}"] if prov.get("seeds") else []) + [""])
+
+
+def write_results(spec: Spec, runs: list[Run], out: pathlib.Path, errors: dict[pathlib.Path, str],
+                  prov: dict[str, Any] | None = None) -> dict:
     cells = aggregate(spec, runs, errors)
-    (out / "results.md").write_text(markdown(spec, cells))
-    plots = plot(spec, runs, out)
-    result = {"name": spec.name, "spec": str(spec.path), "varied_keys": spec.varied_keys, "report": spec.report,
-              "cells": cells, "plots": [p.name for p in plots]}
+    claim_results = claims_mod.evaluate_all(spec.claims, cells)
+    (out / "results.md").write_text(markdown(spec, cells, claim_results) + provenance_markdown(prov))
+    plots = plot(spec, runs, out, claims_mod.verdict_lines(claim_results))
+    plots += claims_mod.plot(claim_results, cells, out)
+    result = {"name": spec.name, "spec": _shown(spec.path), "varied_keys": spec.varied_keys, "report": spec.report,
+              "cells": cells, "claims": claim_results, "plots": [p.name for p in plots],
+              **({"provenance": prov} if prov else {})}
+    metrics.write_json(out / "results.json", result)
+    return result
+
+
+def report_only(spec: Spec, out: pathlib.Path, prov: dict[str, Any] | None = None) -> dict:
+    """The claims of `spec` evaluated on a finished sweep's OUT/results.json (the per-seed values it holds), without
+    the runs: results.md and results.json rewritten with the verdicts, the claim plots drawn; the curve plots, which
+    need the runs' metrics, are kept as they are."""
+    path = out / "results.json"
+    if not path.is_file():
+        raise SweepError(f"--report-only: {path} not found (run the sweep first)")
+    stored = json.loads(path.read_text())
+    cells = stored["cells"]
+    missing = sorted(set(spec.cells) - {c["cell"] for c in cells})
+    if missing:
+        raise SweepError(f"--report-only: {path} has no cell {missing[0]!r}: the spec's cells changed since it ran")
+    fields = stored["report"]["fields"]
+    lacking = [c.metric for c in spec.claims if c.metric not in fields]
+    if lacking:
+        raise SweepError(f"--report-only: {path} did not tabulate {lacking[0]!r}: re-run the sweep")
+    claim_results = claims_mod.evaluate_all(spec.claims, cells)
+    shown = Spec(**{**spec.__dict__, "report": stored["report"]})
+    runs_prov = stored.get("provenance")
+    claims_prov = {**prov, "seeds": None} if prov else None
+    (out / "results.md").write_text(markdown(shown, cells, claim_results) + provenance_markdown(runs_prov)
+                                    + provenance_markdown(claims_prov).replace("## Provenance", "## Provenance of the verdicts"))
+    plots = [p for p in stored.get("plots", []) if not p.startswith("claim_")]
+    plots += [p.name for p in claims_mod.plot(claim_results, cells, out)]
+    result = {**stored, "spec": _shown(spec.path), "claims": claim_results, "plots": plots,
+              **({"claims_provenance": claims_prov} if claims_prov else {})}
     metrics.write_json(out / "results.json", result)
     return result
 
@@ -468,12 +576,20 @@ def audit_cells(spec: Spec, runs: list[Run], console) -> None:
                       f"{report['epsilon_claimed']:.3g} stated for one release", markup=False)
 
 
+def command(spec_path, out, jobs: int, only_report: bool) -> str:
+    """The command line that re-makes this sweep's results (paths relative to the working directory)."""
+    parts = ["hfl sweep", _shown(pathlib.Path(spec_path).resolve())]
+    parts += ["--out", _shown(pathlib.Path(out).resolve())] if out else []
+    parts += ["--jobs", str(jobs)] if jobs != 1 else []
+    return " ".join(parts + (["--report-only"] if only_report else []))
+
+
 def _interrupt(*_) -> None:
     raise KeyboardInterrupt  # SIGTERM stops the sweep like Ctrl-C
 
 
 def run_sweep(spec_path: str | pathlib.Path, out: str | pathlib.Path | None = None, jobs: int = 1,
-              dry_run: bool = False, quiet: bool = False) -> int:
+              dry_run: bool = False, quiet: bool = False, only_report: bool = False) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -483,6 +599,12 @@ def run_sweep(spec_path: str | pathlib.Path, out: str | pathlib.Path | None = No
             raise SweepError(f"--jobs must be at least 1, got {jobs}")
         spec = load_spec(spec_path)
         out_dir = pathlib.Path(out or pathlib.Path("runs") / f"sweep-{spec.name}").resolve()
+        if only_report:
+            result = report_only(spec, out_dir, provenance(spec, time.time(), command(spec_path, out, jobs, True)))
+            for line in claims_mod.verdict_lines(result["claims"]):
+                console.print(line, markup=False)
+            console.print(f"results: {out_dir / 'results.md'}, results.json and claim plots", markup=False)
+            return 0
         runs = expand(spec, out_dir)
         from hfl.preflight import preflight
 
@@ -495,6 +617,7 @@ def run_sweep(spec_path: str | pathlib.Path, out: str | pathlib.Path | None = No
         console.print(f"sweep spec error: {exc}", markup=False)
         return 2
     todo = [r for r in runs if not r.done]
+    started = time.time()
     console.print(f"sweep {spec.name}: {len(runs)} runs in {len({r.cell for r in runs})} cells, {len(todo)} to run, "
                   f"{len(runs) - len(todo)} already finished; output {out_dir}", markup=False)
     if dry_run:
@@ -549,7 +672,7 @@ def run_sweep(spec_path: str | pathlib.Path, out: str | pathlib.Path | None = No
             pool.shutdown(wait=True)
     if spec.report.get("audit") is not None:
         audit_cells(spec, runs, console)
-    write_results(spec, runs, out_dir, errors)
+    write_results(spec, runs, out_dir, errors, provenance(spec, started, command(spec_path, out, jobs, False)))
     console.print(f"results: {out_dir / 'results.md'}, results.json and plots", markup=False)
     if not quiet:
         print((out_dir / "results.md").read_text())

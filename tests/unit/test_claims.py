@@ -1,0 +1,258 @@
+"""Claims in sweep specs: the verdict logic on constructed data, the schema's errors, the report and the index."""
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+import tomllib
+
+import pytest
+from scipy import stats
+
+from hfl import claims, sweep
+from tests.unit.test_sweep import fake_run
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CELLS = {name: {"variant": name} for name in ("a", "b", "c", "d")}
+HIGH = [0.80, 0.81, 0.79, 0.82]
+LOW = [0.70, 0.71, 0.69, 0.72]
+
+
+def claim(**raw):
+    raw = {"id": "000/9.2", "statement": "a beats b", "kind": "order", "metric": "final_accuracy", **raw}
+    return claims.parse_claim(raw, CELLS, ["final_accuracy", "energy"])
+
+
+def verdict(values, **raw):
+    return claims.evaluate(claim(**raw), values)
+
+
+def test_welch_is_scipys_welch_test_and_one_sample_test():
+    a, b = [0.8, 0.83, 0.79, 0.85], [0.7, 0.74, 0.69]
+    mine = claims.welch([a, b], [1, -1])
+    ref = stats.ttest_ind(a, b, equal_var=False, alternative="greater")
+    assert mine["t"] == pytest.approx(ref.statistic) and mine["p_greater"] == pytest.approx(ref.pvalue)
+    assert mine["p_less"] == pytest.approx(stats.ttest_ind(a, b, equal_var=False, alternative="less").pvalue)
+    one = claims.welch([a], [1], offset=0.75)
+    assert one["p_greater"] == pytest.approx(stats.ttest_1samp(a, 0.75, alternative="greater").pvalue)
+
+
+@pytest.mark.parametrize("test", ["welch", "bootstrap"])
+def test_holds_when_significant_in_the_claimed_direction_and_of_the_papers_size(test):
+    r = verdict({"a": HIGH, "b": LOW}, cells=["a", "b"], paper=[0.9, 0.78], test=test)
+    assert r["verdict"] == claims.HOLDS and r["why"] == ""
+    comp, = r["comparisons"]
+    assert comp["effect"] == pytest.approx(0.10) and comp["p"] < 0.05 and comp["magnitude_vs_paper"] == pytest.approx(0.1 / 0.12)
+    assert r["values"]["a"] == {"mean": pytest.approx(0.805), "std": pytest.approx(0.01291, abs=1e-5), "n": 4}
+    if test == "bootstrap":
+        assert comp["interval"][0] > 0 and "bootstrap" in r["test"]
+    else:
+        assert comp["df"] == pytest.approx(6.0) and r["test"] == "one-sided Welch t-test, alpha 0.05"
+
+
+def test_shape_only_when_the_magnitude_is_off_by_more_than_the_factor():
+    r = verdict({"a": HIGH, "b": LOW}, cells=["a", "b"], paper=[0.9, 0.4])  # the paper's gap is 5x ours
+    assert r["verdict"] == claims.SHAPE and "0.2x the paper's" in r["why"]
+    assert verdict({"a": HIGH, "b": LOW}, cells=["a", "b"], paper=[0.9, 0.4], factor=6)["verdict"] == claims.HOLDS
+
+
+@pytest.mark.parametrize("test", ["welch", "bootstrap"])
+def test_not_shown_when_the_difference_is_within_the_seeds_spread(test):
+    r = verdict({"a": [0.5, 0.7, 0.6], "b": [0.55, 0.65, 0.58]}, cells=["a", "b"], test=test)
+    assert r["verdict"] == claims.NOT_SHOWN and "not significant" in r["why"]
+    assert r["comparisons"][0]["p"] > 0.05 and r["comparisons"][0]["p_other_way"] > 0.05
+
+
+def test_contradicted_when_significant_the_other_way():
+    r = verdict({"a": LOW, "b": HIGH}, cells=["a", "b"])
+    assert r["verdict"] == claims.CONTRADICTED and "significant the other way" in r["why"]
+
+
+def test_one_seed_is_not_shown_and_a_missing_cell_is_not_run():
+    assert verdict({"a": [0.9], "b": LOW}, cells=["a", "b"])["verdict"] == claims.ONE_SEED
+    r = verdict({"a": HIGH, "b": []}, cells=["a", "b"])
+    assert r["verdict"] == claims.NOT_RUN and r["values"]["b"] == {"mean": None, "std": None, "n": 0}
+
+
+def test_an_order_takes_its_worst_step_and_a_weak_step_holds_unless_contradicted():
+    values = {"a": HIGH, "b": [0.79, 0.80, 0.81, 0.80], "c": LOW}
+    r = verdict(values, cells=["a", "b", "c"], relation=[">=", ">"])
+    assert r["verdict"] == claims.HOLDS and [c["comparison"] for c in r["comparisons"]] == ["a >= b", "b > c"]
+    r = verdict(values, cells=["a", "b", "c"], relation=">")  # a > b is not significant
+    assert r["verdict"] == claims.NOT_SHOWN and r["why"].startswith("a > b:")
+    r = verdict({"a": LOW, "b": HIGH, "c": [0.1, 0.11, 0.12]}, cells=["a", "b", "c"], relation=[">=", ">"])
+    assert r["verdict"] == claims.CONTRADICTED and [c["verdict"] for c in r["comparisons"]] == [claims.CONTRADICTED, claims.HOLDS]
+
+
+def test_no_spread_decides_by_the_sign():
+    assert verdict({"a": [1.0, 1.0], "b": [0.5, 0.5]}, cells=["a", "b"])["verdict"] == claims.HOLDS
+    assert verdict({"a": [0.5, 0.5], "b": [0.5, 0.5]}, cells=["a", "b"])["verdict"] == claims.NOT_SHOWN
+
+
+def test_threshold_against_a_value_and_against_another_cell():
+    r = verdict({"a": [0.9, 0.91, 0.89]}, kind="threshold", cell="a", op=">=", value=0.85)
+    assert r["verdict"] == claims.HOLDS and r["comparisons"][0]["comparison"] == "a >= 0.85"
+    # a weak op holds unless the cell is significantly on the wrong side
+    assert verdict({"a": [0.80, 0.81, 0.79]}, kind="threshold", cell="a", op=">=", value=0.85)["verdict"] == claims.CONTRADICTED
+    # at least 20 points above b: 0.10 is significantly less
+    r = verdict({"a": HIGH, "b": LOW}, kind="threshold", cell="a", than="b", op=">", value=0.2)
+    assert r["verdict"] == claims.CONTRADICTED and r["comparisons"][0]["comparison"] == "a - b > 0.2"
+    assert verdict({"a": HIGH, "b": LOW}, kind="threshold", cell="a", than="b", op=">", value=0.05)["verdict"] == claims.HOLDS
+
+
+def test_ratio_compares_the_log_ratio_with_the_papers():
+    fixed = [100.0, 102.0, 98.0, 101.0]
+    r = verdict({"a": [75.0, 76.0, 74.0, 77.0], "b": fixed}, kind="ratio", metric="energy", cells=["a", "b"], paper=0.75)
+    assert r["verdict"] == claims.HOLDS and r["comparisons"][0]["effect"] == pytest.approx(0.7525, abs=1e-3)
+    r = verdict({"a": [95.0, 95.5, 94.5, 95.2], "b": fixed}, kind="ratio", metric="energy", cells=["a", "b"], paper=0.75)
+    assert r["verdict"] == claims.SHAPE  # 5% saved where the paper saves 25%
+    r = verdict({"a": [120.0, 121.0, 119.0], "b": fixed}, kind="ratio", metric="energy", cells=["a", "b"], paper=0.75)
+    assert r["verdict"] == claims.CONTRADICTED
+
+
+def test_gap_and_gap_trend():
+    r = verdict({"a": HIGH, "b": LOW}, kind="gap", cells=["a", "b"], paper=0.1)
+    assert r["verdict"] == claims.HOLDS
+    grows = {"a": [0.60, 0.61, 0.59], "b": [0.55, 0.56, 0.54], "c": [0.70, 0.71, 0.69], "d": [0.50, 0.51, 0.49]}
+    r = verdict(grows, kind="gap_trend", pairs=[["a", "b"], ["c", "d"]], direction="increasing", paper=[0.05, 0.2])
+    assert r["verdict"] == claims.HOLDS and r["comparisons"][0]["effect"] == pytest.approx(-0.15)
+    r = verdict(grows, kind="gap_trend", pairs=[["c", "d"], ["a", "b"]], direction="increasing")
+    assert r["verdict"] == claims.CONTRADICTED  # the gap shrinks: significant the other way
+
+
+GRID_SPEC = """
+seeds = [0, 1, 2]
+[grid]
+"train.lr" = [0.01, 0.1, 0.5]
+[variants.x]
+"run.algorithm" = "hierfavg"
+[variants.y]
+"run.algorithm" = "qhetfed"
+[report]
+fields = ["final_accuracy"]
+[[claim]]
+id = "001/9.4"
+statement = "accuracy grows with the step size"
+figure = "Fig. 9: +3 then +1 points"
+kind = "trend"
+metric = "final_accuracy"
+axis = "train.lr"
+where = { variant = "x" }
+direction = "increasing"
+[[claim]]
+id = "001/9.1"
+label = "at lr 0.1"
+statement = "x beats y"
+kind = "order"
+metric = "final_accuracy"
+cells = ["x,train.lr=0.1", "y,train.lr=0.1"]
+"""
+
+
+def test_a_spec_with_claims_parses_and_resolves_a_trend_along_its_axis(tmp_path):
+    (tmp_path / "s.toml").write_text(GRID_SPEC)
+    spec = sweep.load_spec(tmp_path / "s.toml")
+    trend, order = spec.claims
+    assert trend.cells == ["x,train.lr=0.01", "x,train.lr=0.1", "x,train.lr=0.5"]
+    assert [c.relation for c in trend.comparisons] == ["<", "<"] and trend.figure == "Fig. 9: +3 then +1 points"
+    assert order.name == "001/9.1 (at lr 0.1)"
+
+
+@pytest.mark.parametrize("claim_text, message", [
+    ('kind = "ladder"\nmetric = "final_accuracy"', "claim 001/9.1: unknown kind 'ladder'; kinds: order, threshold"),
+    ('kind = "order"\nmetric = "final_accuracy"\ncells = ["x,train.lr=0.1", "z"]', "claim 001/9.1: cells: unknown cell 'z'"),
+    ('kind = "order"\ncells = ["x,train.lr=0.1", "y,train.lr=0.1"]', "claim 001/9.1: missing key 'metric'"),
+    ('kind = "order"\nmetric = "best_accuracy"\ncells = ["x,train.lr=0.1", "y,train.lr=0.1"]',
+     "claim 001/9.1: metric 'best_accuracy' is not one of [report] fields (final_accuracy)"),
+    ('kind = "order"\nmetric = "final_accuracy"\ncell = "x,train.lr=0.1"', "claim 001/9.1: unknown key 'cell' for kind 'order'"),
+    ('kind = "trend"\nmetric = "final_accuracy"\naxis = "train.lr"\ndirection = "increasing"',
+     "claim 001/9.1: a trend over train.lr needs `where` to fix 'variant'"),
+    ('kind = "trend"\nmetric = "final_accuracy"\naxis = "train.tau"\ndirection = "up"', "axis 'train.tau' is not varied"),
+    ('kind = "ratio"\nmetric = "final_accuracy"\ncells = ["x,train.lr=0.1", "y,train.lr=0.1"]\npaper = 1.0',
+     "paper must be the paper's ratio"),
+    ('kind = "order"\nmetric = "final_accuracy"\ncells = ["x,train.lr=0.1", "y,train.lr=0.1"]\nrelation = "=>"',
+     "relation must be one of"),
+    ('kind = "order"\nmetric = "final_accuracy"\ncells = ["x,train.lr=0.1", "y,train.lr=0.1"]\npaper = [0.8]',
+     "paper must be a list of 2 numbers"),
+])
+def test_a_bad_claim_is_an_error_naming_the_key(tmp_path, claim_text, message):
+    (tmp_path / "s.toml").write_text(GRID_SPEC.split("[[claim]]")[0]
+                                     + f'[[claim]]\nid = "001/9.1"\nstatement = "s"\n{claim_text}\n')
+    with pytest.raises(sweep.SweepError) as err:
+        sweep.load_spec(tmp_path / "s.toml")
+    assert message in str(err.value)
+
+
+def test_claim_ids_name_a_check_and_are_unique(tmp_path):
+    head = GRID_SPEC.split("[[claim]]")[0]
+    one = '[[claim]]\nid = "001/9.1"\nstatement = "s"\nkind = "gap"\nmetric = "final_accuracy"\ncells = ["x,train.lr=0.1", "y,train.lr=0.1"]\n'
+    (tmp_path / "s.toml").write_text(head + one + one)
+    with pytest.raises(sweep.SweepError, match="claim 001/9.1 appears twice"):
+        sweep.load_spec(tmp_path / "s.toml")
+    (tmp_path / "s.toml").write_text(head + one.replace("001/9.1", "9.1"))
+    with pytest.raises(sweep.SweepError, match="id must name a digest check as PAPER/9.N"):
+        sweep.load_spec(tmp_path / "s.toml")
+
+
+def test_the_sweep_writes_verdicts_to_markdown_json_and_plots_and_report_only_recomputes_them(tmp_path):
+    (tmp_path / "s.toml").write_text(GRID_SPEC)
+    spec = sweep.load_spec(tmp_path / "s.toml")
+    out = tmp_path / "out"
+    runs = sweep.expand(spec, out)
+    acc = {("x", 0.01): 0.5, ("x", 0.1): 0.6, ("x", 0.5): 0.7, ("y", 0.01): 0.4, ("y", 0.1): 0.6, ("y", 0.5): 0.4}
+    for run in runs:
+        a = acc[(run.varied["variant"], run.varied["train.lr"])] + 0.01 * run.seed
+        fake_run(run, {"final_accuracy": a}, [{"round": 0, "accuracy": a}])
+    result = sweep.write_results(spec, runs, out, {})
+    assert [c["verdict"] for c in result["claims"]] == [claims.HOLDS, claims.NOT_SHOWN]
+    table = (out / "results.md").read_text()
+    assert "### 001/9.4: **holds**" in table and "### 001/9.1 (at lr 0.1): **not shown**" in table
+    assert "- Paper: accuracy grows with the step size" in table and "- Paper's figure: Fig. 9" in table
+    assert "x,train.lr=0.01 0.51 ± 0.01 (n = 3)" in table and "one-sided Welch t-test, alpha 0.05" in table
+    assert {"claim_001_9.4.png", "claim_001_9.1-at_lr_0.1.png"} <= set(result["plots"])
+    assert (out / "claim_001_9.4.png").read_bytes()[:4] == b"\x89PNG"
+
+    assert sweep.run_sweep(tmp_path / "s.toml", out, quiet=True) == 0  # every run finished: nothing runs, results again
+    prov = json.loads((out / "results.json").read_text())["provenance"]
+    assert prov["command"] == f"hfl sweep {tmp_path / 's.toml'} --out {out}" and prov["seeds"] == [0, 1, 2]
+    assert len(prov["commit"]) == 40 and "CPUs" in prov["machine"] and prov["wall_seconds"] >= 0
+    assert f"- Command: `hfl sweep {tmp_path / 's.toml'} --out {out}`" in (out / "results.md").read_text()
+
+    for run in runs:  # the runs are gone (as in a committed report); results.json alone gives the verdicts again
+        shutil.rmtree(run.run_dir)
+    stored = json.loads((out / "results.json").read_text())
+    stored.pop("claims")
+    (out / "results.json").write_text(json.dumps(stored))
+    (out / "results.md").write_text("old")
+    assert sweep.run_sweep(tmp_path / "s.toml", out, only_report=True) == 0
+    again = json.loads((out / "results.json").read_text())
+    assert [c["verdict"] for c in again["claims"]] == [claims.HOLDS, claims.NOT_SHOWN]
+    table = (out / "results.md").read_text()
+    assert "### 001/9.4: **holds**" in table and again["cells"] == stored["cells"]
+    assert again["provenance"] == prov and again["claims_provenance"]["command"].endswith("--report-only")
+    assert "## Provenance\n" in table and "## Provenance of the verdicts" in table
+
+
+def test_report_only_needs_results_json(tmp_path, capsys):
+    (tmp_path / "s.toml").write_text(GRID_SPEC)
+    assert sweep.run_sweep(tmp_path / "s.toml", tmp_path / "none", only_report=True) == 2
+    assert "results.json not found (run the sweep first)" in " ".join(capsys.readouterr().err.split())  # rich wraps
+
+
+def test_the_checks_list_holds_the_29_digest_checks_and_every_spec_claim_names_one():
+    checks = tomllib.loads((ROOT / claims.CHECKS).read_text())["check"]
+    ids = [c["id"] for c in checks]
+    assert len(ids) == 29 and len(set(ids)) == 29
+    assert {p: sum(i.startswith(p) for i in ids) for p in ("000", "001", "002", "003", "004")} == {
+        "000": 5, "001": 6, "002": 6, "003": 6, "004": 6}
+    for path in sorted((ROOT / "deploy" / "experiments").glob("*.toml")):
+        for c in sweep.load_spec(path).claims:
+            assert c.id in ids, f"{path.name}: claim {c.id} names no check in {claims.CHECKS}"
+
+
+def test_reproductions_index_is_current():
+    page = (ROOT / "REPRODUCTIONS.md").read_text()
+    fresh = subprocess.run([sys.executable, "-m", "hfl.claims", "index"], capture_output=True, text=True, check=True,
+                           cwd=ROOT).stdout
+    assert page == fresh, "REPRODUCTIONS.md is stale: python -m hfl.claims index > REPRODUCTIONS.md"
+    assert page.count("\n| 00") == 29

@@ -257,16 +257,16 @@ def write_report(path: pathlib.Path, report: dict, args) -> None:
     import subprocess
 
     def git(*cmd: str) -> str:
-        return subprocess.run(["git", *cmd], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        return subprocess.run(["git", *cmd], cwd=ROOT, capture_output=True, text=True).stdout
 
     command = "python benchmarks/bench_workloads.py " + shlex.join(sys.argv[1:])
-    changed = [line[3:] for line in git("status", "--porcelain", "--untracked-files=no").splitlines()]
+    changed = [line[3:] for line in git("status", "--porcelain", "--untracked-files=no").splitlines() if line.strip()]
     dirty = f" (uncommitted changes to {', '.join(changed)})" if changed else ""
     lines = [f"# Paper workloads: wall time per round ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})", "",
-             f"- command: `{command}`", f"- commit: `{git('rev-parse', 'HEAD')}`{dirty}",
+             f"- command: `{command}`", f"- commit: `{git('rev-parse', 'HEAD').strip()}`{dirty}",
              f"- machine: {os.cpu_count()} cores, {psutil.virtual_memory().total / 2 ** 30:.0f} GiB, "
-             f"{platform.platform()}; load average at the end {', '.join(f'{x:.1f}' for x in os.getloadavg())} "
-             "(a shared machine: other work ran beside it)",
+             f"{platform.platform()}; niceness {os.nice(0)}; load average at the end "
+             f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} (a shared machine: other work ran beside it)",
              f"- rounds per run: {args.rounds} (round 0 includes warm-up and is not in the median); repeats: "
              f"{args.repeats}", "",
              "| workload | config (+ overrides) | seed | topology | model | median round (s) | every round (s) | "

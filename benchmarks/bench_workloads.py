@@ -1,6 +1,10 @@
 """A round of each paper's own workload against the 2-core limit. Run:
 
     python benchmarks/bench_workloads.py [000 001 002 003 004] [--rounds 2] [--repeats 1] [--json FILE]
+        [--emulator-only] [--report FILE.md]
+
+--emulator-only skips the reference (the per-round wall times the README quotes); --report writes a markdown
+report with the command, the commit, the seeds and the load average beside every figure (benchmarks/reports/).
 
 Each workload is the paper's model, data shape, topology and mechanism (the deploy/ configs, fewer rounds):
 
@@ -155,13 +159,19 @@ def reference_round_seconds(cfg, rounds: int, active: int, processes: int = 2) -
     return times, cpus
 
 
-def bench(name: str, rounds: int, repeats: int, extra: list[str]) -> dict:
+def bench(name: str, rounds: int, repeats: int, extra: list[str], reference: bool = True) -> dict:
     path, overrides = workload_config(name, rounds, extra)
     cfg = config_mod.load(path, overrides)
     active = cfg.precision.participants if name == "004" and cfg.precision.participants else cfg.num_devices
     reps = []
     for i in range(repeats):
         emu = _emulated_file(path, overrides)
+        if not reference:
+            reps.append(emu)
+            print(f"[{name}] repeat {i + 1}/{repeats}: rounds {', '.join(f'{t:.2f}s' for t in emu['rounds_seconds'])}; "
+                  f"start-up {emu.get('startup_seconds', float('nan')):.1f}s; accuracy {emu['final_accuracy']:.3f}",
+                  flush=True)
+            continue
         walls, cpus = reference_round_seconds(cfg, max(2, rounds), active)
         ref, ref_cpu = statistics.median(walls[1:]), statistics.median(cpus[1:])
         emu["reference_round_seconds"], emu["reference_round_cpu_seconds"] = ref, ref_cpu
@@ -178,7 +188,10 @@ def bench(name: str, rounds: int, repeats: int, extra: list[str]) -> dict:
             "cpu_ratio", "startup_seconds", "peak_pss_bytes")
     return {"repeats": reps, "median": {k: statistics.median(r[k] for r in reps) for k in keys
                                         if all(k in r for r in reps)}, "devices": cfg.num_devices,
-            "model": cfg.model.name, "algorithm": cfg.run.algorithm}
+            "model": cfg.model.name, "algorithm": cfg.run.algorithm, "seed": cfg.run.seed,
+            "edges": cfg.topology.edges, "devices_per_edge": cfg.topology.devices_per_edge,
+            "dataset": cfg.data.dataset, "config": path and str(pathlib.Path(path).relative_to(ROOT)),
+            "overrides": overrides}
 
 
 def _emulated_file(path: str | None, overrides: list[str]) -> dict:
@@ -223,6 +236,7 @@ def _emulated_file(path: str | None, overrides: list[str]) -> dict:
         processes = len(bed.nodes)
     steady = rows[1:] if len(rows) > 1 else rows
     out = {"round_seconds": statistics.median(r["round_seconds"] for r in steady),
+           "rounds_seconds": [r["round_seconds"] for r in rows], "total_seconds": summary.get("total_seconds"),
            "final_accuracy": summary.get("final_accuracy", float("nan")), "processes": processes,
            "peak_pss_bytes": sampler.peak_pss, "peak_rss_bytes": sampler.peak_rss,
            # CPU from the end of round 0 to the last poll (the later rounds, their evaluation and the shutdown)
@@ -235,6 +249,43 @@ def _emulated_file(path: str | None, overrides: list[str]) -> dict:
     return out
 
 
+def write_report(path: pathlib.Path, report: dict, args) -> None:
+    """The figures with what produced them: command line, commit (and whether the tree was clean), seeds, load."""
+    import os
+    import platform
+    import shlex
+    import subprocess
+
+    def git(*cmd: str) -> str:
+        return subprocess.run(["git", *cmd], cwd=ROOT, capture_output=True, text=True).stdout
+
+    command = "python benchmarks/bench_workloads.py " + shlex.join(sys.argv[1:])
+    changed = [line[3:] for line in git("status", "--porcelain", "--untracked-files=no").splitlines() if line.strip()]
+    dirty = f" (uncommitted changes to {', '.join(changed)})" if changed else ""
+    lines = [f"# Paper workloads: wall time per round ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})", "",
+             f"- command: `{command}`", f"- commit: `{git('rev-parse', 'HEAD').strip()}`{dirty}",
+             f"- machine: {os.cpu_count()} cores, {psutil.virtual_memory().total / 2 ** 30:.0f} GiB, "
+             f"{platform.platform()}; niceness {os.nice(0)}; load average at the end "
+             f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} (a shared machine: other work ran beside it)",
+             f"- rounds per run: {args.rounds} (round 0 includes warm-up and is not in the median); repeats: "
+             f"{args.repeats}", "",
+             "| workload | config (+ overrides) | seed | topology | model | median round (s) | every round (s) | "
+             "start-up (s) | whole run (s) | final accuracy |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, r in report.items():
+        reps = r["repeats"]
+        extra = " ".join(f"`{o}`" for o in r["overrides"] if not o.startswith(("run.rounds=", "run.name=")))
+        each = "; ".join(", ".join(f"{t:.2f}" for t in x["rounds_seconds"]) for x in reps)
+        startup = "; ".join(f"{x.get('startup_seconds', float('nan')):.1f}" for x in reps)
+        total = "; ".join(str(x.get("total_seconds")) for x in reps)
+        accuracy = "; ".join(f"{x['final_accuracy']:.3f}" for x in reps)
+        median = statistics.median(x["round_seconds"] for x in reps)
+        lines.append(f"| {name} {r['algorithm']} | `{r['config'] or '(built-in defaults)'}` {extra} | {r['seed']} | "
+                     f"{r['edges']} x {r['devices_per_edge']} ({r['dataset']}) | {r['model']} | {median:.2f} | {each} | "
+                     f"{startup} | {total} | {accuracy} |")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("workloads", nargs="*", default=sorted(WORKLOADS), choices=sorted(WORKLOADS))
@@ -242,11 +293,17 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--set", action="append", default=[], help="extra override for every workload")
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--emulator-only", action="store_true", help="no reference: the emulator's round times only")
+    parser.add_argument("--report", help="write a markdown report (command, commit, seeds, load) here")
     args = parser.parse_args()
     report = {}
     for name in args.workloads:
-        report[name] = bench(name, args.rounds, args.repeats, args.set)
+        report[name] = bench(name, args.rounds, args.repeats, args.set, reference=not args.emulator_only)
+        if args.report:
+            write_report(pathlib.Path(args.report), report, args)  # after each workload: a long one may not end
         m = report[name]["median"]
+        if args.emulator_only:
+            continue
         print(f"({name}) {report[name]['algorithm']}, {report[name]['devices']} devices, {report[name]['model']}: "
               f"median round {m['round_seconds']:.2f}s = {m['ratio']:.2f}x the 2-process reference (target <= 1.15); "
               f"start-up {m.get('startup_seconds', float('nan')):.1f}s; peak PSS {m['peak_pss_bytes'] / 2 ** 30:.2f} "

@@ -130,14 +130,15 @@ class LatencySection:
                                       "optimiser (integer search) for deadline_s and q1 measured in the previous round "
                                       "(the QSGD bound for s1 before any measurement); train.tau and train.gamma are unused")
     deadline_s: float = doc(156.0, "per-round time budget T_di (paper 001 Fig. 9)")
-    t_cp_s: float = doc(0.049152, "T_di model: one local SGD step, c D / f (Table III: c = 20 cycles/bit, f = 1 GHz; "
-                                  "D = 100 x 3072 x 8 bits, digest 001 section 5)")
-    t_de_s: float = doc(3.3356, "T_di model: one device -> edge upload, d_b / (B log2(1 + h p / N0)) (Table III; d_b = 32 d "
+    t_cp_s: float = doc(0.049152, "T_di model with time_base = config: one local SGD step, c D / f (Table III: c = 20 "
+                                  "cycles/bit, f = 1 GHz; D = 100 x 3072 x 8 bits, digest 001 section 5)")
+    t_de_s: float = doc(3.3356, "T_di model with time_base = config: one device -> edge upload, d_b / (B log2(1 + h p / N0)) (Table III; d_b = 32 d "
                                 "of the paper's CNN, d = 591,274)", min=0.0)
-    t_ec_s: float = doc(33.356, "T_di model: one edge -> cloud upload (Table III: 10 t_DE)", min=0.0)
-    time_base: str = choice("config", ("config", "model"), "T_di model: t_cp_s, t_de_s, t_ec_s as set (paper 001's "
-                            "CIFAR CNN, d = 591,274), or from the model the run trains: D = batch x input x 8 bits, "
-                            "d_b = 32 d, Table III radio (summary.json: tau_gamma.time_base)")
+    t_ec_s: float = doc(33.356, "T_di model with time_base = config: one edge -> cloud upload (Table III: 10 t_DE)", min=0.0)
+    time_base: str = choice("model", ("model", "config"), "T_di model: t_cp_s, t_de_s, t_ec_s of the model the run "
+                            "trains (D = batch x input x 8 bits, d_b = 32 d, Table III radio), or config: t_cp_s, "
+                            "t_de_s, t_ec_s as set (their defaults: paper 001's CIFAR CNN, d = 591,274); "
+                            "summary.json: tau_gamma.time_base")
     pick: str = choice("optimised", ("optimised", "random"), "auto_tau_gamma: the optimiser's pair, or a feasible pair "
                        "drawn uniformly each round from the run seed (the baseline of digest 001 section 9.5)")
     source: str = choice("config", ("config", "emulated"), "where auto_tau_gamma takes t_CP, t_DE, t_EC: these keys, or "

@@ -1,4 +1,9 @@
-"""The run directory's records: metrics.jsonl (one object per round), summary.json, accuracy plot."""
+"""The run directory's records: metrics.jsonl (one object per round), summary.json, accuracy plot.
+
+Rounds are numbered from 0 everywhere a user sees them: the `round` field of every record (metrics.jsonl,
+privacy_ledger.jsonl, fusion.jsonl, checkpoint.npz), the nodes' logs, the console, the plots, the sweep's tables
+and plots and summary.json's messages. Round r is the (r + 1)-th cloud round; its row holds the global model
+after it. Counts (`summary.json`'s `rounds`, the progress `done` column) are counts, not round numbers."""
 from __future__ import annotations
 
 import json
@@ -59,17 +64,39 @@ def write_json(path: pathlib.Path, obj: Any) -> None:
     tmp.replace(path)
 
 
+ROUND_AXIS = "global round (0 = the first cloud round, as in metrics.jsonl)"
+
+
+def round_cell(r: int, total: int) -> str:
+    """How the console shows round r of a run of `total` rounds: its number and how many are done."""
+    return f"{r} ({r + 1}/{total} done)"
+
+
+def round_axis(ax: Any) -> None:
+    import matplotlib.ticker
+
+    ax.set_xlabel(ROUND_AXIS)
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+
+
 def plot_accuracy(rows: Iterable[dict[str, Any]], path: pathlib.Path, title: str) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = accuracy_figure(rows, title)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def accuracy_figure(rows: Iterable[dict[str, Any]], title: str) -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import matplotlib.ticker
 
     rows = [r for r in rows if r.get("accuracy") is not None]
     timed = bool(rows) and all(r.get("emulated_seconds") is not None for r in rows)
     fig, axes = plt.subplots(1, 2 if timed else 1, figsize=(11 if timed else 6, 4), dpi=110, squeeze=False)
-    xs = [("global round (1 = after the first cloud sync)", [r["round"] + 1 for r in rows])]
+    xs = [(ROUND_AXIS, [r["round"] for r in rows])]
     if timed:
         xs.append(("emulated time (s): air time, compute, backhaul", [r["emulated_seconds"] for r in rows]))
     for ax, (label, x) in zip(axes[0], xs):
@@ -79,11 +106,12 @@ def plot_accuracy(rows: Iterable[dict[str, Any]], path: pathlib.Path, title: str
                 ax.plot(x, [100 * r[key] if r.get(key) is not None else float("nan") for r in rows], marker=".",
                         label=name)
                 ax.legend(loc="lower right", fontsize=8)
-        ax.set_xlabel(label)
+        if label == ROUND_AXIS:
+            round_axis(ax)
+        else:
+            ax.set_xlabel(label)
         ax.set_ylabel("test accuracy (%)")
         ax.set_ylim(0, 100)  # a fixed axis: chance-level accuracy must not look like learning
-        if label.startswith("global round"):
-            ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         if rows:
             ax2 = ax.twinx()
@@ -91,8 +119,7 @@ def plot_accuracy(rows: Iterable[dict[str, Any]], path: pathlib.Path, title: str
             ax2.set_ylabel("test loss", color="tab:red")
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    return fig
 
 
 def plot_privacy(rows: Iterable[dict[str, Any]], path: pathlib.Path, title: str, budget: float,
@@ -104,10 +131,8 @@ def plot_privacy(rows: Iterable[dict[str, Any]], path: pathlib.Path, title: str,
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    import matplotlib.ticker
-
     rows = [r for r in rows if r.get("epsilon_max") is not None]
-    x = [r["round"] + 1 for r in rows]
+    x = [r["round"] for r in rows]
     fig, ax = plt.subplots(figsize=(6, 4), dpi=110)
     ax.plot(x, [r["epsilon_max"] for r in rows], marker="o", label="epsilon max over devices (accountant)")
     ax.plot(x, [r["epsilon_mean"] for r in rows], ls="--", label="epsilon mean over devices (accountant)")
@@ -117,8 +142,7 @@ def plot_privacy(rows: Iterable[dict[str, Any]], path: pathlib.Path, title: str,
     values = [r["epsilon_max"] for r in rows if r["epsilon_max"] > 0] + [budget]
     if values and max(values) / min(values) > 50:
         ax.set_yscale("log")  # the paper's claim and the accountant's figure can be orders of magnitude apart
-    ax.set_xlabel("global round")
-    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    round_axis(ax)
     ax.set_ylabel("epsilon")
     ax.set_title(title)
     ax.grid(alpha=0.3)

@@ -21,8 +21,7 @@ def _fmt_bytes(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
-def _table(bed: Testbed, rows: list[dict], started: float, phase: str) -> Table:
-    cfg = bed.cfg
+def _table(cfg, rows: list[dict], started: float, phase: str) -> Table:
     table = Table(title=f"hfl run: {cfg.run.algorithm}, {cfg.topology.edges} edges x {cfg.topology.devices_per_edge} devices, "
                         f"{cfg.data.dataset} / {cfg.model.name}", caption=phase, title_justify="left",
                   caption_justify="left")
@@ -35,10 +34,10 @@ def _table(bed: Testbed, rows: list[dict], started: float, phase: str) -> Table:
         loss = "-" if r["loss"] is None else f"{r['loss']:.4f}"
         train = "-" if r.get("train_loss") is None else f"{r['train_loss']:.4f}"
         eps = (f"{r['epsilon_max']:.3g}",) if private else ()
-        table.add_row(f"{r['round'] + 1}/{cfg.run.rounds}", acc, loss, train, _fmt_bytes(r["bytes_up"]),
+        table.add_row(metrics.round_cell(r["round"], cfg.run.rounds), acc, loss, train, _fmt_bytes(r["bytes_up"]),
                       _fmt_bytes(r["bytes_down"]), str(r["refused"]), f"{r['round_seconds']:.1f}s", *eps)
     if len(rows) < cfg.run.rounds and phase != "done":
-        table.add_row(f"{len(rows) + 1}/{cfg.run.rounds}", "...", *[""] * (len(columns) - 2 + private))
+        table.add_row(str(rows[-1]["round"] + 1 if rows else 0), "...", *[""] * (len(columns) - 2 + private))
     table.caption = f"{phase}, {time.monotonic() - started:.1f}s since launch"
     return table
 
@@ -89,11 +88,11 @@ def run_with_progress(config, overrides, out=None, quiet: bool = False, certs: s
                 rows.append(row)
                 acc = "-" if row["accuracy"] is None else f"{100 * row['accuracy']:.2f}%"
                 eps = f"  epsilon {row['epsilon_max']:.3g}" if "epsilon_max" in row else ""
-                console.print(f"round {row['round'] + 1}/{bed.cfg.run.rounds}  accuracy {acc}  "
+                console.print(f"round {metrics.round_cell(row['round'], bed.cfg.run.rounds)}  accuracy {acc}  "
                               f"up {_fmt_bytes(row['bytes_up'])}  down {_fmt_bytes(row['bytes_down'])}  "
                               f"{row['wall_seconds']:.1f}s{eps}")
         else:
-            with Live(_table(bed, rows, started, "starting"), console=console, refresh_per_second=4) as live:
+            with Live(_table(bed.cfg, rows, started, "starting"), console=console, refresh_per_second=4) as live:
                 while not bed.finished():
                     bed.check()
                     notices()
@@ -101,10 +100,10 @@ def run_with_progress(config, overrides, out=None, quiet: bool = False, certs: s
                     dead = len(bed.deaths())
                     phase = (f"{len(bed.running())} processes running" + (f", {dead} died" if dead else "")
                              if rows else "starting processes")
-                    live.update(_table(bed, rows, started, phase))
+                    live.update(_table(bed.cfg, rows, started, phase))
                     time.sleep(0.25)
                 rows = bed.metrics()
-                live.update(_table(bed, rows, started, "done"))
+                live.update(_table(bed.cfg, rows, started, "done"))
         summary = bed.wait(timeout=120)
         deaths = bed.deaths()
         if deaths:

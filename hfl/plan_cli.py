@@ -23,12 +23,14 @@ def make_plan(cfg, dim: int, q1: float | None = None) -> dict:
     from hfl.common.quantization import latency_opt as lo
     from hfl.common.quantization import schedule
 
+    cfg, time_base = schedule.with_time_base(cfg, dim)  # the T_di times the cloud uses (latency.time_base)
     choice, q1_used, source = schedule.choose(cfg, dim, q1)
     s = cfg.latency
     closed = lo.closed_form_tau_gamma(s.deadline_s, s.t_cp_s, s.t_de_s, s.t_ec_s, num_edges=cfg.topology.edges,
                                       num_devices=cfg.num_devices, q1=q1_used, uploads=s.uploads)
     return {"choice": choice, "closed": closed, "q1": q1_used, "q1_source": source, "dim": dim,
-            "edges": cfg.topology.edges, "devices": cfg.num_devices, "latency": dataclasses.asdict(s)}
+            "edges": cfg.topology.edges, "devices": cfg.num_devices, "latency": dataclasses.asdict(s),
+            "time_base": time_base}
 
 
 def plot(plan: dict, path: pathlib.Path) -> None:
@@ -71,9 +73,10 @@ def cmd_plan(args) -> int:
     except (config_mod.ConfigError, ValueError, FileNotFoundError) as exc:
         print(f"hfl plan: {exc}", file=sys.stderr)
         return 2
-    s, c = cfg.latency, plan["choice"]
+    s, c = plan["latency"], plan["choice"]
     print(f"{cfg.run.algorithm}: C = {cfg.topology.edges} edges, N = {cfg.num_devices} devices, d = {dim}; "
-          f"t_CP = {s.t_cp_s:g} s, t_DE = {s.t_de_s:g} s, t_EC = {s.t_ec_s:g} s")
+          f"t_CP = {s['t_cp_s']:g} s, t_DE = {s['t_de_s']:g} s, t_EC = {s['t_ec_s']:g} s (time base: "
+          f"{'the model trained' if plan['time_base']['source'] == 'model' else 'latency.* as set'})")
     print(f"q1 = {plan['q1']:.6g} from {plan['q1_source']}; k = C (1 + q1) / N = "
           f"{lo.split_constant(cfg.topology.edges, cfg.num_devices, plan['q1']):.6g}")
     print(lo.format_choice(c, plan["closed"], limit=args.rows or c.curve_tau.size))
@@ -84,6 +87,7 @@ def cmd_plan(args) -> int:
         closed = plan["closed"]
         report = {**c.as_dict(), "q1": plan["q1"], "q1_source": plan["q1_source"], "model_parameters": dim,
                   "edges": plan["edges"], "devices": plan["devices"], "latency": plan["latency"],
+                  "time_base": plan["time_base"],
                   "closed_form": {"tau": closed.tau, "gamma": closed.gamma, "j": closed.j, "roots": list(closed.roots),
                                   "feasible": closed.feasible}}
         (out / "plan.json").write_text(json.dumps(report, indent=2) + "\n")

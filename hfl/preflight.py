@@ -1,6 +1,7 @@
 """Checks of a config that need data or a model but no running node, done before any process starts
 (`hfl run`, `hfl config`, `hfl sweep --dry-run`, the Testbed): the dataset is there, every device gets samples,
-and the model accepts the data's shape. Each failure is a ConfigError naming the key to change."""
+the model accepts the data's shape, and a latency.auto_tau_gamma deadline fits the model's T_di. Each failure
+is a ConfigError naming the key to change."""
 from __future__ import annotations
 
 from hfl.common.config import Config, ConfigError
@@ -19,6 +20,7 @@ def preflight(cfg: Config) -> dict:
     d = to_dict(cfg)
     key = json.dumps([d["data"], d["model"], d["topology"], d["run"]["seed"], d["run"]["plugins"]], sort_keys=True)
     if key in _checked:
+        check_model_deadline(cfg, _checked[key])
         return _checked[key]
     from hfl.common.data import DataError, load_dataset
     from hfl.common.partition import partition
@@ -55,5 +57,19 @@ def preflight(cfg: Config) -> dict:
         raise ConfigError(f"model.name = {cfg.model.name!r} gives outputs of shape {tuple(out.shape[1:])} per sample; "
                           f"{cfg.data.dataset} has {data.num_classes} classes")
     _checked[key] = {"num_classes": data.num_classes, "train_samples": len(data.x_train),
-                     "input_shape": tuple(data.input_shape)}
+                     "input_shape": tuple(data.input_shape), "parameters": sum(p.numel() for p in model.parameters())}
+    check_model_deadline(cfg, _checked[key])
     return _checked[key]
+
+
+def check_model_deadline(cfg: Config, learned: dict) -> None:
+    """latency.auto_tau_gamma on the model's time base (latency.time_base = "model"): the deadline must leave room
+    for tau = gamma = 1 with the T_di times of this model (config validation checks the configured times)."""
+    import math
+
+    from hfl.common.quantization import schedule
+
+    s = cfg.latency
+    if s.auto_tau_gamma and s.source == "config" and s.time_base == "model":
+        timed, _ = schedule.with_time_base(cfg, learned["parameters"], math.prod(learned["input_shape"]))
+        schedule.check_deadline(timed.latency)

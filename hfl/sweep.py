@@ -391,7 +391,7 @@ def curve_points(runs: list[Run], curve: str, x: str) -> list[tuple[float, float
     by_round: dict[int, list[tuple[float, float]]] = {}
     for run in runs:
         for row in metrics.read_jsonl(run.run_dir / "metrics.jsonl") if run.done else []:
-            xv = row["round"] + 1 if x == "round" else row.get(x)
+            xv = row.get(x)  # rounds from 0, as in metrics.jsonl
             yv = row.get(curve)
             if isinstance(xv, (int, float)) and isinstance(yv, (int, float)) and math.isfinite(yv):
                 by_round.setdefault(row["round"], []).append((float(xv), float(yv)))
@@ -410,7 +410,6 @@ def plot(spec: Spec, runs: list[Run], out: pathlib.Path, verdicts: list[str] = (
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import matplotlib.ticker
 
     group_by = spec.report["group_by"]
     groups: dict[Any, dict[str, list[Run]]] = {}
@@ -431,9 +430,9 @@ def plot(spec: Spec, runs: list[Run], out: pathlib.Path, verdicts: list[str] = (
                 ax.plot(xs, ys, marker="o", ms=3, label=f"{cell} (n={max(p[3] for p in pts)})")
                 ax.fill_between(xs, [y - s for y, s in zip(ys, sd)], [y + s for y, s in zip(ys, sd)], alpha=0.2)
             title = f"{spec.name}: {curve} vs {x}" + (f" ({group_by} = {json.loads(group)})" if group_by else "")
-            ax.set(xlabel="global round" if x == "round" else x, ylabel=f"{curve} (mean ± std over seeds)", title=title)
+            ax.set(xlabel=x, ylabel=f"{curve} (mean ± std over seeds)", title=title)
             if x == "round":
-                ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+                metrics.round_axis(ax)
             if curve.startswith("accuracy"):
                 ax.set_ylim(0, 1)  # a fixed axis: chance-level accuracy must not look like learning
             ax.grid(alpha=0.3)

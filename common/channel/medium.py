@@ -47,10 +47,14 @@ def side_info_accepted(mu, sigma, bound: float) -> np.ndarray:
 
 
 def air_slot(plane: Plane, round_: int, step: int, group: bool, payloads: np.ndarray, tx, mu, sigma, listen,
-             alive: np.ndarray, rng: np.random.Generator, psi: float | None = None) -> SlotResult:
+             alive: np.ndarray, rng: np.random.Generator, psi: float | None = None, samples=None) -> SlotResult:
     """payloads: [n_tx, d] normalised rows of the transmitting devices `tx` (plane indices), with their
     (mu, sigma); listen: the plane devices that receive. `alive` masks the plane devices still in the round
-    (activity is decided among them); `psi` overrides the plane's closed form (empirical mode)."""
+    (activity is decided among them); `psi` overrides the plane's closed form (empirical mode).
+    `samples` (the transmitters' D_y) applies paper 003's D_y-weighting (ota.dy_side_info, ota.dy_count): the
+    means become sum D_y x_y / sum D_y and `n_active` the sum of D_y. Orthogonal planes only: on the air, the
+    power-normalised payloads superpose unweighted and the digest does not say how the estimator recovers the
+    weights."""
     top = plane.topology
     tx = np.asarray(tx, dtype=np.int64).reshape(-1)
     listen = np.asarray(listen, dtype=np.int64).reshape(-1)
@@ -65,22 +69,28 @@ def air_slot(plane: Plane, round_: int, step: int, group: bool, payloads: np.nda
     cluster_of_tx = top.device_edge[tx]
     cluster_of_listener = top.device_edge[listen]
     counts = np.bincount(cluster_of_tx, minlength=C)[:C].astype(np.float64)
+    if samples is not None:
+        if not plane.exact:
+            raise ValueError("D_y-weighting (samples) is defined on orthogonal links only")
+        mu, sigma = ota.dy_side_info(mu, sigma, samples)
+        counts = ota.dy_count(samples, cluster_of_tx, C)
     sig = np.bincount(cluster_of_tx, weights=sigma, minlength=C)[:C]
     mus = np.bincount(cluster_of_tx, weights=mu, minlength=C)[:C]
     # the true payloads are sigma s_bar + mu: their (per-cluster) means are one weighted matmul, never [n_tx, d] float64
     weights = np.zeros((C, tx.size))
     weights[cluster_of_tx, np.arange(tx.size)] = sigma
-    ideal = ((sigma @ payloads + mu.sum()) / tx.size).astype(np.float32) if tx.size else None
+    total = float(np.sum(samples)) if samples is not None else tx.size  # sum D_y, or |A|
+    ideal = ((sigma @ payloads + mu.sum()) / total).astype(np.float32) if tx.size else None
     if group:
         n_active = np.full(listen.size, counts.sum())
-        sigma_sum, mu_mean = np.full(listen.size, sig.sum()), np.full(listen.size, mus.sum() / max(1.0, counts.sum()))
+        sigma_sum, mu_mean = np.full(listen.size, sig.sum()), np.full(listen.size, mus.sum() / (counts.sum() or 1.0))
     else:
         n_active = counts[cluster_of_listener]
         sigma_sum = sig[cluster_of_listener]
-        mu_mean = mus[cluster_of_listener] / np.maximum(1.0, n_active)
+        mu_mean = mus[cluster_of_listener] / np.where(n_active > 0, n_active, 1.0)
     stats = {"air_transmitters": int(tx.size), "air_listeners": int(listen.size)}
     if plane.exact:
-        means = ((weights @ payloads + mus[:, None]) / np.maximum(counts, 1.0)[:, None]).astype(np.float32)
+        means = ((weights @ payloads + mus[:, None]) / np.where(counts > 0, counts, 1.0)[:, None]).astype(np.float32)
         rows = np.repeat(ideal[None, :], listen.size, axis=0) if group and ideal is not None else means[cluster_of_listener]
         return SlotResult(rows.astype(np.float32), listen, n_active, np.ones(listen.size), sigma_sum, mu_mean, stats,
                           ideal=ideal)

@@ -109,6 +109,26 @@ def psi_paper(lambda_p: float, devices_per_cluster: int, rho: float, th1: float,
     return float(pref * radial + sigma_en2)
 
 
+def dy_side_info(mu, sigma, samples) -> tuple[np.ndarray, np.ndarray]:
+    """Paper 003's optional D_y-weighting (digest 2.1: "send D_y g and D_y w, and count sum D_y 1_y instead of
+    |A_x|"). Normalised as in eq. 15, D_y x is the same unit payload as x with side information (D_y mu, D_y sigma):
+    only the side information changes. `samples` are the transmitters' D_y (> 0)."""
+    D = np.asarray(samples, dtype=np.float64).reshape(-1)
+    mu, sigma = np.asarray(mu, dtype=np.float64).reshape(-1), np.asarray(sigma, dtype=np.float64).reshape(-1)
+    if D.shape != mu.shape or D.shape != sigma.shape:
+        raise ValueError(f"samples must give one D_y per transmitter ({mu.size}), got {D.size}")
+    if not (np.isfinite(D).all() and (D > 0).all()):
+        raise ValueError("samples (D_y) must be finite and > 0")
+    return D * mu, D * sigma
+
+
+def dy_count(samples, cluster_of_tx, clusters: int) -> np.ndarray:
+    """sum_{y in A_x} D_y per cluster x: the count that replaces |A_x| under D_y-weighting (digest 2.1), so the
+    edge's aggregate is sum_y D_y g_y / sum_y D_y and the core's sum_x sum_y D_y w_y / sum_x sum_y D_y."""
+    return np.bincount(np.asarray(cluster_of_tx, dtype=np.int64).reshape(-1),
+                       weights=np.asarray(samples, dtype=np.float64).reshape(-1), minlength=clusters)[:clusters]
+
+
 def psi_sample(received: np.ndarray, n_active, rho: float) -> np.ndarray:
     """One empirical Psi observation per receiver: ||v_u||^2 / d - rho |A| (digest 10.2, `empirical`)."""
     v = np.atleast_2d(received)

@@ -1,7 +1,8 @@
 """Paper 001's latency model applied to runs: virtual runtime per round and the cloud's (tau, gamma) choice.
 
 `[latency]` holds the model's inputs (t_CP, t_DE, t_EC, the per-round deadline T_di; defaults from digest 001
-sections 5 and 8). For the algorithms registered in LATENCY_MODELS the cloud records `virtual_seconds`, the
+sections 5 and 8). With `latency.time_base = "model"` (the default) t_CP, t_DE and t_EC are those of the model the
+run trains (Table III's radio and CPU, d and D of this model: `with_time_base`); `"config"` takes the keys as set. For the algorithms registered in LATENCY_MODELS the cloud records `virtual_seconds`, the
 cumulative sum of T_di(tau_r, gamma_r) over the rounds run (the x axis of the paper's runtime figures 5-8).
 
 With `latency.auto_tau_gamma = true` (qhetfed only) the cloud picks (tau, gamma) before every round with the
@@ -28,6 +29,7 @@ from . import theory
 
 log = logging.getLogger("hfl.schedule")
 
+TIME_KEYS = ("t_cp_s", "t_de_s", "t_ec_s")
 MAX_DEADLINE_RATIO = 1000  # latency.source = "emulated": a deadline this many T_di(1, 1) would enumerate ~1e6 pairs
 EXACT_ENCODINGS = ("float32", "float16")  # q ~ 0 (float16 rounds to 2^-11 relative: negligible against QSGD's q)
 
@@ -64,13 +66,20 @@ def validate(cfg) -> None:
     from hfl.common.config import ConfigError
 
     s = cfg.latency
-    for key in ("deadline_s", "t_cp_s", "t_de_s", "t_ec_s"):
+    for key in ("deadline_s", *TIME_KEYS):
         value = getattr(s, key)
         if not math.isfinite(value):
             raise ConfigError(f"latency.{key} must be finite, got {value!r}")
     if s.t_cp_s <= 0 or s.deadline_s <= 0:
         key = "t_cp_s" if s.t_cp_s <= 0 else "deadline_s"
         raise ConfigError(f"latency.{key} must be > 0, got {getattr(s, key)!r}")
+    if s.time_base == "model":
+        defaults = type(s)()
+        for key in TIME_KEYS:
+            if getattr(s, key) != getattr(defaults, key):
+                raise ConfigError(f"latency.{key} = {getattr(s, key)!r} would be unused: latency.time_base = \"model\" "
+                                  f"(the default) times T_di with the model the run trains; set latency.time_base = "
+                                  f"\"config\" to use your t_cp_s, t_de_s, t_ec_s")
     if not s.auto_tau_gamma:
         return
     model = LATENCY_MODELS.get(cfg.run.algorithm) if cfg.run.algorithm in LATENCY_MODELS else None
@@ -141,14 +150,14 @@ def with_tau_gamma(cfg, tau: int, gamma: int):
 
 
 def with_time_base(cfg, dim: int, input_size: int | None = None) -> tuple[object, dict]:
-    """latency.time_base = "model": the config with t_cp_s, t_de_s, t_ec_s of the model the run trains (d = dim,
-    D = batch x input x 8 bits; input_size loaded from the dataset when not given). Also the record of which d
-    and D the T_di model uses (summary.json: tau_gamma.time_base)."""
+    """latency.time_base = "model" (the default): the config with t_cp_s, t_de_s, t_ec_s of the model the run
+    trains (d = dim, D = batch x input x 8 bits; input_size loaded from the dataset when not given). Also the record
+    of which d and D the T_di model uses (summary.json: tau_gamma.time_base)."""
     s = cfg.latency
     if s.time_base != "model":
         return cfg, {"source": "config", "t_cp_s": s.t_cp_s, "t_de_s": s.t_de_s, "t_ec_s": s.t_ec_s,
-                     "d_model": int(dim), "note": f"t_de_s as configured (default: paper 001's d = {lo.PAPER_001_D:,}); "
-                                                  "latency.time_base = 'model' times the model trained"}
+                     "d_model": int(dim), "note": f"latency.time_base = 'config': t_de_s as configured (default: paper "
+                                                  f"001's d = {lo.PAPER_001_D:,}), not the model trained"}
     if input_size is None:
         from hfl.common.data import load_dataset
 

@@ -48,8 +48,12 @@ def test_quantized_algorithm_learns_with_packed_bytes(hfl_testbed, algorithm, ta
     # measured q per tier: whole-vector QSGD on d ~ 29k is far from exact, and s2 > s1 quantizes more finely
     assert all(1 < r["q_uplink"] and 0 < r["q_backhaul"] < r["q_uplink"] for r in rows)
     assert_packed(rows, summary["model_parameters"], [uploads] * 3)
-    # the virtual clock of paper 001's latency model (defaults of [latency]): the round latency of the algorithm
-    d = dict(t_cp=0.049152, t_de=3.3356, t_ec=33.356)
+    # the virtual clock of paper 001's latency model on the model trained (latency.time_base = "model", the
+    # default): Table III's radio and CPU with d of this model and D = batch x 784 x 8 bits
+    dim = summary["model_parameters"]
+    t_cp, t_de, t_ec = lo.model_link_times(dim, tb.cfg.train.batch_size, 28 * 28)
+    assert summary["tau_gamma"]["time_base"]["source"] == "model" and summary["tau_gamma"]["time_base"]["d"] == dim
+    d = dict(t_cp=t_cp, t_de=t_de, t_ec=t_ec)
     per_round = (lo.round_latency(tau, gamma, **d) if algorithm == "qhetfed"
                  else lo.hier_local_qsgd_latency(tau, gamma, **d))
     assert [r["virtual_seconds"] for r in rows] == pytest.approx([per_round * (i + 1) for i in range(3)])
@@ -63,7 +67,7 @@ def test_auto_tau_gamma_records_its_choice(hfl_testbed):
     latency = dict(t_cp=1.0, t_de=1.0, t_ec=2.0, deadline=8.0)
     tb = hfl_testbed(overrides=SMALL + QSGD + [
         "run.algorithm=qhetfed", "run.rounds=3", "latency.auto_tau_gamma=true", "train.tau=50", "train.gamma=50",
-        f"latency.t_cp_s={latency['t_cp']}", f"latency.t_de_s={latency['t_de']}", f"latency.t_ec_s={latency['t_ec']}",
+        "latency.time_base=config", f"latency.t_cp_s={latency['t_cp']}", f"latency.t_de_s={latency['t_de']}", f"latency.t_ec_s={latency['t_ec']}",
         f"latency.deadline_s={latency['deadline']}"])
     summary = tb.wait(timeout=300)
     rows = tb.metrics()

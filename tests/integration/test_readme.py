@@ -68,3 +68,13 @@ def test_every_paper_is_named():
                   "Scalable Hierarchical Over-the-Air Federated Learning",
                   "Privacy-Preserving Quantized Federated Learning with Diverse Precision"):
         assert title in text
+
+
+def test_every_local_link_and_picture_exists():
+    """Links and pictures to files of the repository (the front page's run picture, the reports that timings cite)."""
+    missing = []
+    for page in PAGES:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if "://" not in target and not (page.parent / target).exists():
+                missing.append(f"{page.name}: {target}")
+    assert not missing, missing

@@ -10,10 +10,10 @@ def rows(*pairs):
 
 
 @pytest.mark.parametrize("data, classes, reason", [
-    (rows((0.10, 2.30), (0.11, 884027.0)), 10, "the test loss exploded: 2.3 after round 1, 8.84e+05 after round 2"),
+    (rows((0.10, 2.30), (0.11, 884027.0)), 10, "the test loss exploded: 2.3 after round 0, 8.84e+05 after round 1"),
     (rows((0.10, 2.30), (0.11, 2.29), (0.12, 2.28)), 10, "accuracy stayed at chance: best 12.00% over 3 evaluations"),
     (rows((0.30, 1.40), (0.31, 1.39)), 4, "chance is 25.0% (4 classes)"),
-    ([{"round": 0, "accuracy": None, "loss": None, "diverged": True}], 10, "diverged at round 1"),
+    ([{"round": 0, "accuracy": None, "loss": None, "diverged": True}], 10, "diverged at round 0"),
 ])
 def test_runs_that_do_not_learn_are_flagged_with_the_reason(data, classes, reason):
     assert reason in not_learning(data, classes)

@@ -339,3 +339,42 @@ def test_a_silent_edge_costs_one_slots_wait_not_every_slots(tmp_path):
     assert absent == {"edge-002"}
     assert 1.0 <= seconds < 1.9  # the first slot waited its 1 s for edge-002, the second did not wait again
     assert medium.round_columns(0, {})["air_edges_dropped"] == 1
+
+
+def test_dy_side_info_is_the_normalisation_of_dy_times_the_payload():
+    """Sending D_y x (digest 2.1) normalises to the same unit payload as x, with side information D_y (mu, sigma)."""
+    rng = np.random.default_rng(3)
+    x, D = rng.normal(0.4, 1.5, (5, 64)), rng.integers(100, 1001, 5)
+    bar, mu, sigma = air.normalise(x)
+    bar_w, mu_w, sigma_w = air.normalise(D[:, None] * x)
+    np.testing.assert_allclose(bar_w, bar, atol=1e-5)
+    np.testing.assert_allclose(ota.dy_side_info(mu, sigma, D), (mu_w, sigma_w), rtol=1e-6)
+    assert ota.dy_count(D, [0, 1, 0, 2, 1], 3).tolist() == [D[0] + D[2], D[1] + D[4], D[3]]
+    with pytest.raises(ValueError, match="D_y"):
+        ota.dy_side_info(mu, sigma, [1, 2, 0, 4, 5])
+
+
+@pytest.mark.parametrize("group", [False, True])
+def test_dy_weighted_orthogonal_slot_is_the_weighted_mean(group):
+    """g_x = sum_{y in A_x} D_y g_y / sum_{y in A_x} D_y (eq. 6 with D_y-weighting); the core's w^G likewise over
+    every active device of the group (eq. 11)."""
+    cfg = _cfg("channel.model=orthogonal")
+    plane = air.plane_for(cfg)
+    phases = plans.build_plan(cfg)
+    step = air.air_steps(phases)[-1] if group else 0
+    tx, true, bar, mu, sigma = _slot_inputs(plane, phases, 0, step)
+    D = np.random.default_rng(1).integers(100, 1001, tx.size).astype(float)  # paper 003's sizes on [100, 1000]
+    listen = np.arange(12)
+    res = medium_fn.air_slot(plane, 0, step, group, bar, tx, mu, sigma, listen, air.alive(plane, phases, 0, step),
+                             np.random.default_rng(0), samples=D)
+    cluster = plane.topology.device_edge
+    for i, dev in enumerate(listen):
+        chosen = np.ones(tx.size, bool) if group else cluster[tx] == cluster[dev]
+        weighted = sum(D[j] * true[j] for j in np.flatnonzero(chosen)) / D[chosen].sum()
+        np.testing.assert_allclose(res.rows[i], weighted, rtol=1e-4, atol=1e-4)
+        assert res.n_active[i] == D[chosen].sum()
+    np.testing.assert_allclose(res.ideal, (D[:, None] * true).sum(axis=0) / D.sum(), rtol=1e-4, atol=1e-4)
+    assert not np.allclose(res.ideal, true.mean(axis=0), atol=1e-3)  # the weights matter
+    with pytest.raises(ValueError, match="orthogonal"):
+        medium_fn.air_slot(air.plane_for(_cfg()), 0, step, group, bar, tx, mu, sigma, listen,
+                           air.alive(plane, phases, 0, step), np.random.default_rng(0), samples=D)

@@ -11,7 +11,9 @@ from hfl.cli import main as plan_main
 
 DIM = 28938  # mnist-cnn on the embedded MNIST
 QSGD = ["pipeline.uplink_encoding=qsgd", "pipeline.params.uplink_encoding.levels=4"]
-SMALL_LATENCY = ["latency.t_cp_s=1", "latency.t_de_s=1", "latency.t_ec_s=2", "latency.deadline_s=8"]
+SMALL_LATENCY = ["latency.time_base=config", "latency.t_cp_s=1", "latency.t_de_s=1", "latency.t_ec_s=2",
+                 "latency.deadline_s=8"]
+TABLE_III = ["latency.time_base=config"]  # the [latency] defaults: paper 001's CIFAR CNN, not the model trained
 
 
 def cfg(*overrides):
@@ -32,7 +34,7 @@ def test_latency_defaults_are_digest_001_worked_example():
     assert (s.t_cp_s, s.t_de_s, s.t_ec_s) == pytest.approx((t_cp, t_de, t_ec), rel=1e-4)
     assert s.deadline_s == 156.0 and s.uploads == "paper" and s.auto_tau_gamma is False
     # digest 001 section 5: at 156 s the optimum is the largest feasible tau, 36
-    choice, _, _ = schedule.choose(cfg(*QSGD), DIM)
+    choice, _, _ = schedule.choose(cfg(*QSGD, *TABLE_III), DIM)
     assert choice.tau == 36
 
 
@@ -100,7 +102,8 @@ def test_exact_uploads_charge_one_more_upload():
     (["latency.auto_tau_gamma=true", "run.algorithm=hier-local-qsgd"], "latency.auto_tau_gamma"),
     (["latency.auto_tau_gamma=true", "pipeline.uplink_encoding=sq"], "latency.auto_tau_gamma"),
     (["latency.auto_tau_gamma=true", "train.local_unit=epochs"], "train.local_unit"),
-    (["latency.auto_tau_gamma=true", "latency.deadline_s=10"], "latency.deadline_s"),
+    (["latency.auto_tau_gamma=true", "latency.deadline_s=10", *TABLE_III], "latency.deadline_s"),
+    (["latency.t_de_s=1"], "latency.t_de_s = 1.0 would be unused: latency.time_base = \"model\""),
     (["latency.deadline_s=0"], "latency.deadline_s"),
     (["latency.deadline_s=nan"], "latency.deadline_s"),
     (["latency.t_cp_s=0"], "latency.t_cp_s"),
@@ -124,7 +127,7 @@ def test_latency_section_round_trips_through_toml():
 
 
 def test_hfl_plan_prints_choice_and_curve(tmp_path, capsys):
-    assert plan_main(["plan", "--set", "run.algorithm=qhetfed", *sum((["--set", o] for o in QSGD), []),
+    assert plan_main(["plan", "--set", "run.algorithm=qhetfed", *sum((["--set", o] for o in QSGD + TABLE_III), []),
                       "--dim", str(DIM), "--rows", "0", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "chosen tau=36 gamma=16" in out and "QSGD bound" in out
@@ -146,7 +149,9 @@ def test_hfl_plan_measured_q1_and_model_from_config(capsys):
     (["--set", "latency.deadline_s=-1"], "latency.deadline_s"),
     (["--q1", "-2", "--dim", "10"], "--q1"),
     (["--dim", "0"], "--dim"),
-    (["--set", "latency.t_cp_s=1", "--set", "latency.deadline_s=1", "--dim", "10"], "latency.deadline_s = 1.0 leaves no"),
+    (["--set", "latency.time_base=config", "--set", "latency.t_cp_s=1", "--set", "latency.deadline_s=1", "--dim", "10"],
+     "latency.deadline_s = 1.0 leaves no"),
+    (["--set", "latency.deadline_s=0.001", "--dim", "10"], "latency.deadline_s = 0.001 leaves no"),  # the model's times
 ])
 def test_hfl_plan_bad_inputs(args, message, capsys):
     assert plan_main(["plan", *args]) == 2
@@ -172,8 +177,8 @@ def test_emulated_latency_source_chooses_from_the_previous_rounds_clock():
 
 
 def test_random_pick_draws_a_feasible_pair_per_round_from_the_seed():
-    c = cfg(*QSGD, "latency.auto_tau_gamma=true", "latency.pick=random")  # Table III times, 156 s deadline
-    best, _, _ = schedule.choose(cfg(*QSGD, "latency.auto_tau_gamma=true"), DIM)
+    c = cfg(*QSGD, *TABLE_III, "latency.auto_tau_gamma=true", "latency.pick=random")  # Table III, 156 s deadline
+    best, _, _ = schedule.choose(cfg(*QSGD, *TABLE_III, "latency.auto_tau_gamma=true"), DIM)
     picks = [schedule.choose(c, DIM, round_=r)[0] for r in range(12)]
     feasible = set(zip(best.curve_tau.tolist(), best.curve_gamma.tolist()))
     assert all((p.tau, p.gamma) in feasible and p.method == "random_feasible" for p in picks)

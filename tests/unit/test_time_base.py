@@ -1,5 +1,5 @@
 """One time base (issue 19): paper 001's T_di model timed with the model the run trains (latency.time_base =
-"model"), the configured figures otherwise, and summary.json says which."""
+"model", the default), the configured figures with "config", and summary.json says which."""
 import pytest
 
 from hfl.common import config as config_mod
@@ -32,12 +32,27 @@ def test_schedule_uses_the_trained_model_and_records_it():
     assert sched.record({})["virtual_seconds"] == pytest.approx(lo.round_latency(3, 4, t_cp, t_de, t_ec))
     base = sched.describe()["time_base"]
     assert base["source"] == "model" and base["d"] == 28_938 and base["t_de_s"] == pytest.approx(t_de)
-    default = schedule.RoundSchedule(config_mod.load(None, ["run.algorithm=qhetfed"]), 28_938).describe()["time_base"]
-    assert default["source"] == "config" and default["d_model"] == 28_938
-    assert default["t_de_s"] == config_mod.Config().latency.t_de_s
+    default = schedule.RoundSchedule(config_mod.load(None, ["run.algorithm=qhetfed", "train.batch_size=32"]), 28_938)
+    assert default.describe()["time_base"] == base  # the default is the model's time base
+    configured = schedule.RoundSchedule(config_mod.load(None, ["run.algorithm=qhetfed", "latency.time_base=config"]),
+                                        28_938).describe()["time_base"]
+    assert configured["source"] == "config" and configured["d_model"] == 28_938
+    assert configured["t_de_s"] == config_mod.Config().latency.t_de_s
 
 
 def test_model_time_base_reads_the_input_size_from_the_dataset():
     cfg = config_mod.load(None, ["run.algorithm=qhetfed", "latency.time_base=model"])
     base = schedule.RoundSchedule(cfg, 7_850).describe()["time_base"]
     assert base["data_bits"] == cfg.train.batch_size * 784 * 8  # mnist-embedded: 1 x 28 x 28
+
+
+def test_a_deadline_too_short_for_the_models_times_fails_before_launch():
+    from hfl.preflight import preflight
+
+    auto = ["run.algorithm=qhetfed", "latency.auto_tau_gamma=true", "pipeline.uplink_encoding=qsgd",
+            "model.name=linear", "train.batch_size=32"]
+    t_cp, t_de, t_ec = lo.model_link_times(7_850, 32, 784)
+    least = float(lo.round_latency(1, 1, t_cp, t_de, t_ec))
+    preflight(config_mod.load(None, auto + [f"latency.deadline_s={least * 1.01}"]))  # config time cannot know d
+    with pytest.raises(config_mod.ConfigError, match=r"latency\.deadline_s = .* leaves no \(tau >= 1"):
+        preflight(config_mod.load(None, auto + [f"latency.deadline_s={least * 0.99}"]))

@@ -23,6 +23,7 @@ import torch
 
 from hfl.common import config as config_mod
 from hfl.common import metrics, plans, robust, rpc, session, topology, validate, wire
+from hfl.common.observe import live
 from hfl.common.channel.round_clock import BACKHAUL_BYTES, CloudClock
 from hfl.common.privacy import on_wire
 from hfl.common.rundir import check_run_dir, write_data_report
@@ -114,6 +115,7 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
         self.medium = None  # algorithms on the wireless medium (paper 003): cloud_server/medium.py
         self.plan: list[pb.Phase] = []  # the round plan in progress
         self.round_models: dict = {}  # the medium's models of the round (reference device, mean of devices)
+        self.on_round = lambda r, results, stats: None  # the live page's per-round callback (common/observe/live.py)
 
     def prepare(self) -> None:
         """Load the test set and build the initial model (seeded by the run seed alone)."""
@@ -453,6 +455,7 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
             await self._await_results(r, cfg.net.phase_timeout_s * (len(plan) + 1))
             self.w, rejected = self._aggregate(cloud_weights) if self.medium is None else self._medium_model(r)
             stats = self._round_stats(r, started, round_started)
+            self.on_round(r, self.results, stats)
             stats["aggregate_rejected"] = rejected
             stats.update(self.clock.round(self.results, self.board.size))
             stats.update(schedule.record(stats))
@@ -696,7 +699,7 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
 
 
 async def serve(cfg: config_mod.Config, listen: str, run_dir: str, port_file: str | None = None, server_credentials=None,
-                admit=None, resume: bool = False, force: bool = False) -> int:
+                admit=None, resume: bool = False, force: bool = False, web_tls=None) -> int:
     out = pathlib.Path(run_dir)
     out.mkdir(parents=True, exist_ok=True)
     check_run_dir(out, resume, force)
@@ -707,9 +710,11 @@ async def serve(cfg: config_mod.Config, listen: str, run_dir: str, port_file: st
     rpc.add_servicer(pbg.add_CloudServiceServicer_to_server, cloud, server.server, cloud.malformed)
     await server.start(port_file)
     log.info("cloud listening on %s", server.address)
+    web = await live.start_cloud(cloud, web_tls)  # the live page and /metrics (observe.listen)
     try:
         await asyncio.get_running_loop().run_in_executor(None, cloud.prepare)
         return await cloud.run()
     finally:
         cloud.stop.set()
+        await web.close()
         await server.stop(cfg.net.grace_s)

@@ -1,0 +1,15 @@
+"""The [observe] config section of hfl.common.config.Config: the cloud's live page and /metrics."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hfl.common.config import doc
+
+
+@dataclass(frozen=True)
+class ObserveSection:
+    listen: str = doc("127.0.0.1:8780", "HOST:PORT of the cloud's live page and Prometheus /metrics (\"\" = off); "
+                      "0.0.0.0 to reach it from other machines (compose does); under mutual TLS it is served over TLS "
+                      "with the cloud's certificate and asks for a client certificate of the run's CA. `hfl run` "
+                      "takes a free port when this one is in use, and writes the URL to RUN_DIR/live_url")
+    refresh_s: float = doc(2.0, "how often the live page polls the cloud for new figures", min=0.2)

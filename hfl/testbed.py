@@ -278,7 +278,8 @@ class Testbed:
 
     def edge_metrics_url(self, name: str, timeout: float = 60.0) -> str:
         """An edge's Prometheus /metrics (every testbed edge serves one on a free port)."""
-        return f"http://127.0.0.1:{self._wait_file(self.ports / f'{name}.metrics', timeout)}/metrics"
+        scheme = "https" if self.certs is not None else "http"  # under mutual TLS, with the edge's certificate
+        return f"{scheme}://127.0.0.1:{self._wait_file(self.ports / f'{name}.metrics', timeout)}/metrics"
 
     def _wait_file(self, path: pathlib.Path, timeout: float) -> str:
         deadline = time.monotonic() + timeout

@@ -12,4 +12,7 @@ class ObserveSection:
                       "0.0.0.0 to reach it from other machines (compose does); under mutual TLS it is served over TLS "
                       "with the cloud's certificate and asks for a client certificate of the run's CA. `hfl run` "
                       "takes a free port when this one is in use, and writes the URL to RUN_DIR/live_url")
+    client_certs: bool = doc(True, "under mutual TLS, the live page and /metrics ask for a client certificate signed by "
+                             "the run's CA (any node's will do: curl --cert, Prometheus tls_config); false serves them "
+                             "over TLS to any client, e.g. a browser without a certificate")
     refresh_s: float = doc(2.0, "how often the live page polls the cloud for new figures", min=0.2)

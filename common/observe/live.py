@@ -29,13 +29,13 @@ STATIC_FILES = {"uPlot.iife.min.js": "text/javascript", "uPlot.min.css": "text/c
 URL_FILE = "live_url"  # in the run directory: where the live page is served
 
 
-def server_ssl(tls) -> ssl.SSLContext | None:
-    """Under mutual TLS: the node's certificate, and a client certificate signed by the run's CA required."""
+def server_ssl(tls, client_certs: bool = True) -> ssl.SSLContext | None:
+    """Under mutual TLS: the node's certificate, and (client_certs) a client certificate signed by the run's CA."""
     if tls is None or not tls.enabled:
         return None
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=tls.ca)
     ctx.load_cert_chain(tls.cert, tls.key)
-    ctx.verify_mode = ssl.CERT_REQUIRED
+    ctx.verify_mode = ssl.CERT_REQUIRED if client_certs else ssl.CERT_NONE
     return ctx
 
 
@@ -317,7 +317,8 @@ async def start_cloud(cloud, tls=None) -> Observed:
     cloud.on_round = view.round_done
     if not listen:
         return Observed()
-    server = WebServer(cloud_routes(view, prom.Exposition(prom.CloudCollector(view))), listen, server_ssl(tls))
+    server = WebServer(cloud_routes(view, prom.Exposition(prom.CloudCollector(view))), listen,
+                       server_ssl(tls, cloud.cfg.observe.client_certs))
     # a launcher's testbed (HFL_PARENT_PID) takes a free port when the configured one is in use by another run
     await server.start(fallback_to_free_port=bool(os.environ.get("HFL_PARENT_PID")))
     url = server.url()

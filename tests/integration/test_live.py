@@ -255,3 +255,27 @@ def test_browser_shows_the_accuracy_chart_and_round(bed, tmp_path):
             & (abs(pixels[..., 2] - 0xeb / 255) < 0.05)).sum()
     assert blue > 200, f"only {blue} pixels of the accuracy line"
     print(f"screenshot: {shot} (round {round_ + 1} of {ROUNDS})")
+
+
+def test_under_mutual_tls_the_page_asks_for_a_certificate_of_the_run(hfl_testbed, tmp_path):
+    import ssl
+
+    pki = tmp_path / "pki"
+    tb = hfl_testbed(overrides=SMALL + ["run.rounds=30", "observe.listen=127.0.0.1:0"], certs=pki)
+    url, edge_url = tb.live_url(), tb.edge_metrics_url("edge-000")
+    assert url.startswith("https://127.0.0.1:") and edge_url.startswith("https://127.0.0.1:")
+    wait_rows(tb, 1)
+    trusted = ssl.create_default_context(cafile=str(pki / "ca.pem"))
+    client = ssl.create_default_context(cafile=str(pki / "ca.pem"))
+    client.load_cert_chain(str(pki / "nodes" / "edge-001.pem"), str(pki / "nodes" / "edge-001.key"))
+    for target in (url + "api/state", url + "metrics", edge_url):
+        with urllib.request.urlopen(target, context=client, timeout=10) as res:
+            assert res.status == 200
+        with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):  # no client certificate
+            urllib.request.urlopen(target, context=trusted, timeout=10).read()
+        with pytest.raises((urllib.error.URLError, ConnectionError)):  # plaintext
+            urllib.request.urlopen(target.replace("https://", "http://"), timeout=10).read()
+    out = subprocess.run([sys.executable, "-m", "hfl.cli", "watch", url, "--once", "--ca", str(pki / "ca.pem"),
+                          "--cert", str(pki / "nodes" / "cloud.pem"), "--key", str(pki / "nodes" / "cloud.key")],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "hfl watch: hierfavg" in out.stdout, out.stderr

@@ -72,8 +72,8 @@
     draw("chart-accuracy", "round", accKeys, accLabels, "round", 100);
     draw("chart-loss", "round", ["loss", "train_loss"], { loss: "test loss", train_loss: "train loss" }, "round");
     draw("chart-emulated", "emulated_seconds", accKeys, accLabels, "emulated s", 100);
-    draw("chart-bytes", "round", ["bytes_up", "bytes_down"], { bytes_up: "MiB up", bytes_down: "MiB down" }, "round",
-         1 / 1048576);
+    draw("chart-bytes", "round", ["bytes_up", "bytes_down"], { bytes_up: "KiB up", bytes_down: "KiB down" }, "round",
+         1 / 1024);
   }
 
   function drawNodes(nodes) {

@@ -196,7 +196,9 @@
       document.body.dataset.state = "ok";
       if (s.progress.finished) return;  // nothing changes after the end
     } catch (err) {
-      $("status").textContent = "cloud unreachable (" + err.message + "); retrying";
+      // the cloud's process ends with its run: after a last round shown, that is the likely reason
+      $("status").textContent = "cloud not answering (" + err.message + ")" +
+        (lastState && rows.length ? "; the run may be over (its cloud exits at the end)" : "") + "; retrying";
       document.body.dataset.state = "error";
     }
     timer = setTimeout(poll, refresh);

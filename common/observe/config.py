@@ -10,8 +10,8 @@ from hfl.common.config import doc
 class ObserveSection:
     listen: str = doc("127.0.0.1:8780", "HOST:PORT of the cloud's live page and Prometheus /metrics (\"\" = off); "
                       "0.0.0.0 to reach it from other machines (compose does); under mutual TLS it is served over TLS "
-                      "with the cloud's certificate and asks for a client certificate of the run's CA. `hfl run` "
-                      "takes a free port when this one is in use, and writes the URL to RUN_DIR/live_url")
+                      "with the cloud's certificate (see client_certs). When the port is in use (another run's page) "
+                      "the cloud takes a free one and logs it; the URL is in RUN_DIR/live_url")
     client_certs: bool = doc(True, "under mutual TLS, the live page and /metrics ask for a client certificate signed by "
                              "the run's CA (any node's will do: curl --cert, Prometheus tls_config); false serves them "
                              "over TLS to any client, e.g. a browser without a certificate")

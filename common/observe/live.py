@@ -11,7 +11,6 @@ import asyncio
 import json
 import logging
 import math
-import os
 import pathlib
 import ssl
 import time
@@ -319,8 +318,8 @@ async def start_cloud(cloud, tls=None) -> Observed:
         return Observed()
     server = WebServer(cloud_routes(view, prom.Exposition(prom.CloudCollector(view))), listen,
                        server_ssl(tls, cloud.cfg.observe.client_certs))
-    # a launcher's testbed (HFL_PARENT_PID) takes a free port when the configured one is in use by another run
-    await server.start(fallback_to_free_port=bool(os.environ.get("HFL_PARENT_PID")))
+    # a port in use (another run's page) costs the page its port, never the run: a free one, logged and in live_url
+    await server.start(fallback_to_free_port=True)
     url = server.url()
     (cloud.run_dir / URL_FILE).write_text(url + "\n")
     log.info("live page on %s (Prometheus metrics on %smetrics)", url, url)

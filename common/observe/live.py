@@ -83,7 +83,8 @@ class CloudView:
             self.edge_refused[edge] = self.edge_refused.get(edge, 0.0) + s.get("refused", 0.0)
             self.edge_rounds[edge] = {"round": r, "devices": res.devices, "dropped": s.get("dropped", 0.0),
                                       "restarts": s.get("restarts", 0.0), "emulated_seconds": s.get("clock_seconds"),
-                                      "train_loss": s.get("train_loss")}
+                                      "train_loss": s.get("train_loss"),
+                                      "fusion_weight": s.get("fusion_weight")}  # relay: the cloud's share for it
         for key, n in ((("device_edge", "up"), device_up), (("device_edge", "down"), device_down),
                        (("edge_cloud", "up"), stats.get("bytes_up", 0) - device_up),
                        (("edge_cloud", "down"), stats.get("bytes_down", 0) - device_down)):

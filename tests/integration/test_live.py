@@ -229,7 +229,7 @@ def test_browser_shows_the_accuracy_chart_and_round(bed, tmp_path):
     out_dir = pathlib.Path(__file__).resolve().parents[2] / ".cache" / "live-page"
     out_dir.mkdir(parents=True, exist_ok=True)
     flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars",
-             f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1400,1500", "--virtual-time-budget=8000"]
+             f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1400,1750", "--virtual-time-budget=8000"]
     dom = subprocess.run(flags + ["--dump-dom", url], capture_output=True, text=True, timeout=120)
     assert dom.returncode == 0, dom.stderr[-2000:]
     html = dom.stdout

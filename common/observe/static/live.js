@@ -19,6 +19,11 @@
     const m = Math.floor(s / 60);
     return m < 120 ? m + " min " + Math.round(s % 60) + " s" : (s / 3600).toFixed(1) + " h";
   }
+  function tick(v) {  // an axis label that fits: 1.2e+12, 0.00031 -> 3.1e-4, 1587.4
+    if (v == null) return "";
+    const a = Math.abs(v);
+    return a >= 1e5 || (a > 0 && a < 1e-3) ? v.toExponential(2) : String(+v.toPrecision(6));
+  }
   function pct(x) { return x == null ? "-" : (100 * x).toFixed(2) + "%"; }
   function text(el, value) { el.textContent = value == null ? "-" : String(value); }
   function cell(tr, value, cls) {
@@ -35,7 +40,7 @@
       width: width, height: 230,
       scales: { x: { time: false } },
       axes: [xLabel === "round" ? { label: xLabel, incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000] }
-                                : { label: xLabel }, { size: 60 }],
+                                : { label: xLabel }, { size: 84, values: (u, splits) => splits.map(tick) }],
       series: [{ label: xLabel }].concat(series.map((s, i) => ({
         label: s.label, stroke: COLORS[i % COLORS.length], width: 2, spanGaps: true,
         points: { show: true, size: 5 }, scale: s.scale || "y",
@@ -72,6 +77,14 @@
     draw("chart-accuracy", "round", accKeys, accLabels, "round", 100);
     draw("chart-loss", "round", ["loss", "train_loss"], { loss: "test loss", train_loss: "train loss" }, "round");
     draw("chart-emulated", "emulated_seconds", accKeys, accLabels, "emulated s", 100);
+    const figure = $("figure"), keys = new Set();
+    for (const r of rows) for (const [k, v] of Object.entries(r)) if (typeof v === "number" && k !== "round") keys.add(k);
+    const sorted = [...keys].sort();
+    if (sorted.join() !== [...figure.options].map((o) => o.value).join()) {
+      const chosen = figure.value || (keys.has("epsilon_max") ? "epsilon_max" : keys.has("activity_rate") ? "activity_rate" : "round_seconds");
+      figure.replaceChildren(...sorted.map((k) => new Option(k, k, false, k === chosen)));
+    }
+    if (figure.value) draw("chart-figure", "round", [figure.value], {}, "round");
     draw("chart-bytes", "round", ["bytes_up", "bytes_down"], { bytes_up: "KiB up", bytes_down: "KiB down" }, "round",
          1 / 1024);
   }
@@ -90,6 +103,7 @@
       cell(tr, n.dropped);
       cell(tr, n.restarts);
       cell(tr, n.emulated_seconds == null ? null : n.emulated_seconds.toFixed(3));
+      cell(tr, n.fusion_weight == null ? null : Number(n.fusion_weight).toPrecision(4));
       body.appendChild(tr);
     }
   }
@@ -204,6 +218,7 @@
     timer = setTimeout(poll, refresh);
   }
 
+  $("figure").addEventListener("change", drawCharts);
   $("device-eps").addEventListener("click", async () => {
     const out = $("device-eps-out");
     out.textContent = "computing...";

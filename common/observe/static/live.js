@@ -118,7 +118,16 @@
 
   function drawPrivacy(p) {
     const el = $("privacy");
-    if (!p) { el.textContent = "no DP noise in this run"; return; }
+    if (!p) {
+      const claims = rows.filter((r) => r.epsilon_claimed != null);
+      el.textContent = claims.length  // relay (paper 004): the DP quantizer's figure, no accountant
+        ? "paper's claim: epsilon " + Number(claims[claims.length - 1].epsilon_claimed).toPrecision(4) +
+          " per upload (the paper's arithmetic for the DP quantizer: a claim, not a measurement; no accountant in this mode)"
+        : "no DP noise in this run";
+      el.className = claims.length ? "claim" : "";
+      return;
+    }
+    el.className = "";
     el.replaceChildren();
     const add = (label, value, cls) => {
       const div = document.createElement("div");

@@ -134,6 +134,15 @@ def test_page_and_metrics_follow_the_run(bed):
     devices = json.loads(body)["devices"]
     assert status == 200 and len(devices) == 6 and max(devices.values()) == pytest.approx(s["privacy"]["epsilon_max"])
 
+    # Prometheus conventions: the hfl_ prefix, and every counter's sample ends in _total
+    for target in (url + "metrics", edge_url):
+        text = get(target)[2].decode()
+        types = dict(re.findall(r"^# TYPE (hfl_\w+) (\w+)$", text, re.M))
+        assert len(types) >= 12 and types["hfl_rounds_completed_total"] == "counter"
+        for name, kind in types.items():
+            samples = set(re.findall(rf"^({name}\w*)[{{ ]", text, re.M))  # none for a reason never seen
+            if kind == "counter":
+                assert name.endswith("_total") and samples <= {name}, (name, samples)
     edge_after = scrape(edge_url)  # the edge's own counters advanced too
     assert edge_after["hfl_rounds_completed_total"] > edge_before["hfl_rounds_completed_total"]
     assert edge_after['hfl_link_bytes_total{direction="up",link="device_edge"}'] > \

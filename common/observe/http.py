@@ -79,11 +79,25 @@ def parse_request_line(line: bytes) -> tuple[str, dict]:
     return parts.path, query
 
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def host_name(header: str) -> str:
+    """The name in a Host header, without its port (IPv6 literals keep no brackets)."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1:header.find("]")] if "]" in header else header
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
 class WebServer:
     def __init__(self, routes: dict[str, Handler], listen: str, ssl_context: ssl.SSLContext | None = None):
         self.routes = routes
         self.host, self.port = split_address(listen)
         self.ssl = ssl_context
+        # bound to loopback: only requests that name a loopback host (a web page whose DNS name was rebound to
+        # 127.0.0.1 names its own host, and is refused)
+        self.allowed_hosts = LOOPBACK if self.host in LOOPBACK else None
         self.server: asyncio.base_events.Server | None = None
 
     @property
@@ -139,7 +153,9 @@ class WebServer:
             except (asyncio.LimitOverrunError, ValueError):
                 raise BadRequest(414, f"request line longer than {MAX_LINE} bytes") from None
             path, query = parse_request_line(line)
-            await self._read_headers(reader)
+            host = await self._read_headers(reader)
+            if self.allowed_hosts is not None and host_name(host) not in self.allowed_hosts:
+                raise BadRequest(400, f"Host {host[:60]!r}: this server answers requests for 127.0.0.1 or localhost")
             handler = self.routes.get(path)
             if handler is None:
                 raise BadRequest(404, f"no such page: {path[:80]!r}; pages: {', '.join(sorted(self.routes))}")
@@ -155,8 +171,9 @@ class WebServer:
             return 500, "text/plain; charset=utf-8", b"500 internal error (see the server's log)\n", ""
 
     @staticmethod
-    async def _read_headers(reader: asyncio.StreamReader) -> None:
-        total = 0
+    async def _read_headers(reader: asyncio.StreamReader) -> str:
+        """Read and check the headers; returns the Host header ("" when none)."""
+        total, host = 0, ""
         for _ in range(MAX_HEADERS + 1):
             try:
                 line = await reader.readline()
@@ -166,8 +183,10 @@ class WebServer:
             if total > MAX_HEADER_BYTES:
                 raise BadRequest(431, f"headers larger than {MAX_HEADER_BYTES} bytes")
             if line in (b"\r\n", b"\n", b""):
-                return
+                return host
             name = line.split(b":", 1)[0].strip().lower()
+            if name == b"host":
+                host = line.split(b":", 1)[1].strip().decode("latin-1")
             if name in (b"content-length", b"transfer-encoding") and line.split(b":", 1)[-1].strip() not in (b"0", b""):
                 raise BadRequest(413, "a GET request carries no body")
         raise BadRequest(431, f"more than {MAX_HEADERS} headers")

@@ -180,6 +180,10 @@ def test_bad_requests_get_a_clear_4xx_and_change_nothing(bed):
         assert body.startswith(str(want).encode())
     assert cases[5][0][1]["Allow"] == "GET"
     assert raw(url, b"GARBAGE\r\n\r\n").startswith(b"HTTP/1.1 400 ")
+    # a page of another site whose name was rebound to 127.0.0.1 (DNS rebinding) names its own host: refused
+    rebound = raw(url, b"GET /api/state HTTP/1.1\r\nHost: evil.example:8780\r\n\r\n")
+    assert rebound.startswith(b"HTTP/1.1 400 ") and b"epsilon" not in rebound
+    assert raw(url, b"GET /api/state HTTP/1.1\r\nHost: localhost\r\n\r\n").startswith(b"HTTP/1.1 200 ")
     assert raw(url, b"GET / HTTP/2.0\r\n\r\n").startswith(b"HTTP/1.1 505 ")
     assert raw(url, b"GET / HTTP/1.1\r\n" + b"X-A: b\r\n" * 100 + b"\r\n").startswith(b"HTTP/1.1 431 ")
     assert raw(url, b"GET /" + b"a" * 5000 + b" HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 414 ")

@@ -46,6 +46,16 @@ def client_ssl(tls) -> ssl.SSLContext | None:
     return ctx
 
 
+def never_raises(callback):
+    """A service's callback into this module: a bug here is logged, never the cost of a round."""
+    def wrapped(*args):
+        try:
+            callback(*args)
+        except Exception:  # noqa: BLE001
+            log.exception("live page / metrics: %s failed (the run goes on)", callback.__qualname__)
+    return wrapped
+
+
 def number(value):
     """A JSON-safe scalar from a metrics row, or None (nested values and strings are not shown)."""
     if isinstance(value, bool) or value is None:
@@ -314,7 +324,7 @@ async def start_cloud(cloud, tls=None) -> Observed:
     """Serve the live page and /metrics on observe.listen ("" = off); write the URL to RUN_DIR/live_url."""
     listen = cloud.cfg.observe.listen
     view = CloudView(cloud)
-    cloud.on_round = view.round_done
+    cloud.on_round = never_raises(view.round_done)
     if not listen:
         return Observed()
     server = WebServer(cloud_routes(view, prom.Exposition(prom.CloudCollector(view))), listen,
@@ -330,7 +340,7 @@ async def start_cloud(cloud, tls=None) -> Observed:
 async def start_edge(edge, listen: str, tls=None, port_file: str | None = None) -> Observed:
     """Serve an edge's /metrics on `listen` ("" = off); its port goes to PORT_FILE.metrics."""
     observer = EdgeObserver(edge)
-    edge.on_submit = observer.submitted
+    edge.on_submit = never_raises(observer.submitted)
     if not listen:
         return Observed()
     exposition = prom.Exposition(prom.EdgeCollector(observer))

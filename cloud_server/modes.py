@@ -117,6 +117,10 @@ class DigitalCloud:
     def plots(self, rows: list[dict], title: str) -> None:
         """Extra plots in the run directory (accuracy.png is the service's)."""
 
+    def component(self, name: str):
+        """A named part of the mode for observers (the live page): "fusion", "medium", "policy", "controller"."""
+        return getattr(self, name, None) if name in ("fusion", "medium") else None
+
 
 class RelayCloud(DigitalCloud):
     """The edges forward every device upload unchanged; the cloud fuses them (paper 004, digest P13)."""

@@ -51,6 +51,10 @@ class ModeWrapper:
     def plots(self, rows, title):
         self.inner.plots(rows, title)
 
+    def component(self, name):
+        own = {"policy": getattr(self, "policy", None), "controller": getattr(self, "controller", None)}.get(name)
+        return own if own is not None else self.inner.component(name)
+
 
 class Private(ModeWrapper):
     """The privacy policy (cloud_server/privacy_policy.py) plans each round's noise, refuses a round the budget

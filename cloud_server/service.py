@@ -21,6 +21,7 @@ import torch
 
 from hfl.common import config as config_mod
 from hfl.common import metrics, modes, plans, robust, rpc, session, topology, validate, wire
+from hfl.common.observe import live
 from hfl.common.channel.round_clock import BACKHAUL_BYTES, CloudClock
 from hfl.common.privacy import on_wire
 from hfl.common.rundir import check_run_dir, write_data_report
@@ -87,6 +88,7 @@ class CloudServer(Gate, pbg.CloudServiceServicer):
         self.tau_gamma: dict | None = None  # summary.json: how tau and gamma were set
         self.mode = None  # the round mode (cloud_server/modes.py), wrapped by privacy and control in run()
         self.plan: list[pb.Phase] = []  # the round plan in progress
+        self.on_round = lambda r, results, stats: None  # the live page's per-round callback (common/observe/live.py)
 
     def prepare(self) -> None:
         """Load the test set and build the initial model (seeded by the run seed alone)."""
@@ -324,6 +326,7 @@ class CloudServer(Gate, pbg.CloudServiceServicer):
             await self._await_results(r, cfg.net.phase_timeout_s * (len(plan) + 1))
             rejected = self._install(r, self.mode.model(r, self.results, self.w))
             stats = self._round_stats(r, started, round_started)
+            self.on_round(r, self.results, stats)
             stats["aggregate_rejected"] = bool(rejected)
             if rejected:
                 stats["aggregate_rejected_reason"] = rejected
@@ -506,7 +509,7 @@ class CloudServer(Gate, pbg.CloudServiceServicer):
 
 
 async def serve(cfg: config_mod.Config, listen: str, run_dir: str, port_file: str | None = None, server_credentials=None,
-                admit=None, resume: bool = False, force: bool = False) -> int:
+                admit=None, resume: bool = False, force: bool = False, web_tls=None) -> int:
     out = pathlib.Path(run_dir)
     out.mkdir(parents=True, exist_ok=True)
     check_run_dir(out, resume, force)
@@ -517,9 +520,11 @@ async def serve(cfg: config_mod.Config, listen: str, run_dir: str, port_file: st
     rpc.add_servicer(pbg.add_CloudServiceServicer_to_server, cloud, server.server, cloud.malformed)
     await server.start(port_file)
     log.info("cloud listening on %s", server.address)
+    web = await live.start_cloud(cloud, web_tls)  # the live page and /metrics (observe.listen)
     try:
         await asyncio.get_running_loop().run_in_executor(None, cloud.prepare)
         return await cloud.run()
     finally:
         cloud.stop.set()
+        await web.close()
         await server.stop(cfg.net.grace_s)

@@ -163,6 +163,7 @@ class Config:
     clock: "ClockSection" = field(default_factory=lambda: _lazy_section("ClockSection")())
     precision: "PrecisionSection" = field(default_factory=lambda: _lazy_section("PrecisionSection")())
     control: "ControlSection" = field(default_factory=lambda: _lazy_section("ControlSection")())
+    observe: "ObserveSection" = field(default_factory=lambda: _lazy_section("ObserveSection")())
 
     @property
     def num_devices(self) -> int:
@@ -177,7 +178,8 @@ def _privacy_section():
 
 _LAZY_SECTIONS = {"PrivacySection": "hfl.common.privacy.config", "ChannelSection": "hfl.common.channel.config",
                   "ClockSection": "hfl.common.channel.config", "PrecisionSection": "hfl.common.quantization.config",
-                  "ControlSection": "hfl.common.control.config"}
+                  "ControlSection": "hfl.common.control.config",
+                  "ObserveSection": "hfl.common.observe.config"}
 
 
 def _lazy_section(name: str) -> type:

@@ -18,6 +18,7 @@ import numpy as np
 from hfl.common import config as config_mod
 from hfl.common import modes, plans, rpc, session, topology, validate, wire
 from hfl.common.channel.round_clock import EdgeClock
+from hfl.common.observe import live
 from hfl.common.pipeline import Link
 from hfl.common.privacy import on_wire
 from hfl.common.secret_random import dp_numpy_rng
@@ -74,6 +75,7 @@ class EdgeServer(Gate, pbg.EdgeServiceServicer):
         self.rejoined = 0
         self.joined = asyncio.Event()
         self.stop = asyncio.Event()
+        self.on_submit = lambda round_, scalars: None  # /metrics' per-round callback (common/observe/live.py)
 
     # ---- device-facing RPCs -------------------------------------------------------------------
     def _check_ready(self) -> None:
@@ -447,6 +449,7 @@ class EdgeServer(Gate, pbg.EdgeServiceServicer):
             scalars["beta_estimate"] = float(max(tally.betas))
         scalars.update(self.mode.report(ctx, members))
         scalars.update(self.clock.report())
+        self.on_submit(task.round, scalars)
         self.bytes_up = self.bytes_down = 0
         self.restarts = self.rejoined = 0
         chunks = wire.chunked(pb.Envelope(meta=meta, tensors=tensors, scalars=scalars, relayed=tally.relayed),
@@ -466,17 +469,19 @@ class EdgeServer(Gate, pbg.EdgeServiceServicer):
 
 async def serve(node_id: str, listen: str, cloud_address: str, port_file: str | None = None, server_credentials=None,
                 cloud_credentials=None, cloud_override_host: str | None = None, admit=None, wait_s: float = 300.0,
-                trust: str = "", rejoin: bool = False) -> int:
+                trust: str = "", rejoin: bool = False, metrics_listen: str = "", web_tls=None) -> int:
     server = rpc.Server(listen, rpc.MAX_CHUNK, server_credentials)
     edge = EdgeServer(node_id, cloud_address, server, cloud_credentials, cloud_override_host, admit, wait_s, trust)
     edge.rejoin_first = rejoin
     rpc.add_servicer(pbg.add_EdgeServiceServicer_to_server, edge, server.server, edge.malformed)
     await server.start(port_file)
     log.info("%s listening on %s", node_id, server.address)
+    web = await live.start_edge(edge, metrics_listen, web_tls, port_file)  # Prometheus /metrics
     started = time.monotonic()
     try:
         return await edge.run()
     finally:
         edge.stop.set()
+        await web.close()
         await server.stop(edge.cfg.net.grace_s if edge.cfg else 1.0)
         log.info("%s stopped after %.1fs", node_id, time.monotonic() - started)

@@ -3,6 +3,7 @@
     hfl run [CONFIG] [--set section.key=value ...] [--out DIR]   everything on 127.0.0.1, live progress
     hfl run --resume RUN_DIR                                      continue an interrupted run from its checkpoint
     hfl sweep SPEC.toml [--out DIR] [--jobs N] [--dry-run] [--report-only]   runs over seeds, table, plots, claims
+    hfl watch URL|RUN_DIR                                         the progress table of a run started elsewhere
     hfl cloud | hfl edge | hfl devices ...                        one role (containers, real machines)
     hfl config [CONFIG] [--set ...] [--reference]                 check and print the resolved config, or the key reference
     hfl health ADDRESS                                            probe a server's gRPC health service
@@ -73,7 +74,7 @@ def cmd_cloud(args) -> int:
     cfg = config_mod.load(config, args.overrides)
     tls = _tls(args, "cloud")
     return _run_async(lambda: serve(cfg, args.listen, args.run_dir, args.port_file, resume=args.resume, force=args.force,
-                                    **tls.server_kwargs()))
+                                    web_tls=tls, **tls.server_kwargs()))
 
 
 def cmd_edge(args) -> int:
@@ -81,7 +82,8 @@ def cmd_edge(args) -> int:
 
     tls = _tls(args, "edge")
     return _run_async(lambda: serve(args.id, args.listen, args.cloud, args.port_file, wait_s=args.wait, trust=args.trust,
-                                    rejoin=args.rejoin, **tls.edge_kwargs(args.id)))
+                                    rejoin=args.rejoin, metrics_listen=args.metrics_listen, web_tls=tls,
+                                    **tls.edge_kwargs(args.id)))
 
 
 def cmd_devices(args) -> int:
@@ -179,6 +181,12 @@ def cmd_run(args) -> int:
         return 2
 
 
+def cmd_watch(args) -> int:
+    from hfl.watch import watch
+
+    return watch(args.target, interval=args.interval, once=args.once, tls=_tls(args, "probe"))
+
+
 def cmd_sweep(args) -> int:
     from hfl.sweep import run_sweep
 
@@ -253,6 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trust", choices=["", "trusted", "untrusted"], default=os.environ.get("HFL_TRUST", ""),
                    help="this site's own trust claim (default $HFL_TRUST): untrusted makes its devices add their own "
                         "DP noise; a site can lower the cloud's policy, never raise it")
+    p.add_argument("--metrics-listen", default=os.environ.get("HFL_METRICS_LISTEN", ""), metavar="HOST:PORT",
+                   help="serve Prometheus /metrics here (default $HFL_METRICS_LISTEN; empty = off); under mutual TLS "
+                        "over TLS with this edge's certificate")
     _add_tls_args(p)
     p.set_defaults(func=cmd_edge)
 
@@ -264,6 +275,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wait", type=float, default=300.0, help="seconds to wait for the edge to be SERVING")
     _add_tls_args(p)
     p.set_defaults(func=cmd_devices)
+
+    p = sub.add_parser("watch", help="the progress table of a run started elsewhere (its live page URL or run directory)")
+    p.add_argument("target", metavar="URL|RUN_DIR", help="the cloud's live page (http(s)://HOST:PORT/) or a run directory")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between updates")
+    p.add_argument("--once", action="store_true", help="print the table once and exit")
+    _add_tls_args(p)
+    p.set_defaults(func=cmd_watch)
 
     p = sub.add_parser("config", help="print the resolved config (or --reference: every key)")
     _add_config_args(p)

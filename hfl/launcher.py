@@ -21,11 +21,40 @@ def _fmt_bytes(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
-def _table(cfg, rows: list[dict], started: float, phase: str) -> Table:
-    table = Table(title=f"hfl run: {cfg.run.algorithm}, {cfg.topology.edges} edges x {cfg.topology.devices_per_edge} devices, "
-                        f"{cfg.data.dataset} / {cfg.model.name}", caption=phase, title_justify="left",
+def run_info(cfg) -> dict:
+    """What the progress table's title needs (the live page's /api/state gives the same under "run")."""
+    return {"algorithm": cfg.run.algorithm, "edges": cfg.topology.edges, "devices_per_edge": cfg.topology.devices_per_edge,
+            "dataset": cfg.data.dataset, "model": cfg.model.name, "rounds": cfg.run.rounds}
+
+
+def _table(bed: Testbed, rows: list[dict], started: float, phase: str) -> Table:
+    return progress_table(run_info(bed.cfg), rows, time.monotonic() - started, phase, live_url(bed.run_dir))
+
+
+def live_url(run_dir) -> str | None:
+    from hfl.common.observe.live import URL_FILE
+
+    try:
+        return (run_dir / URL_FILE).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def round_line(row: dict, rounds: int) -> str:
+    acc = "-" if row["accuracy"] is None else f"{100 * row['accuracy']:.2f}%"
+    eps = f"  epsilon {row['epsilon_max']:.3g}" if row.get("epsilon_max") is not None else ""
+    return (f"round {metrics.round_cell(row['round'], rounds)}  accuracy {acc}  up {_fmt_bytes(row['bytes_up'])}  "
+            f"down {_fmt_bytes(row['bytes_down'])}  {row['wall_seconds']:.1f}s{eps}")
+
+
+def progress_table(info: dict, rows: list[dict], elapsed: float, phase: str, url: str | None = None,
+                   prefix: str = "hfl run") -> Table:
+    """The live table of `hfl run` and `hfl watch`: the last rounds, and the live page's URL."""
+    rounds = info["rounds"]
+    table = Table(title=f"{prefix}: {info['algorithm']}, {info['edges']} edges x {info['devices_per_edge']} devices, "
+                        f"{info['dataset']} / {info['model']}", caption=phase, title_justify="left",
                   caption_justify="left")
-    private = any("epsilon_max" in r for r in rows)
+    private = any(r.get("epsilon_max") is not None for r in rows)
     columns = ("round", "accuracy", "loss", "train loss", "bytes up", "bytes down", "refused", "round time")
     for col in columns + (("epsilon (max)",) if private else ()):
         table.add_column(col, justify="right")
@@ -33,12 +62,12 @@ def _table(cfg, rows: list[dict], started: float, phase: str) -> Table:
         acc = "-" if r["accuracy"] is None else f"{100 * r['accuracy']:.2f}%"
         loss = "-" if r["loss"] is None else f"{r['loss']:.4f}"
         train = "-" if r.get("train_loss") is None else f"{r['train_loss']:.4f}"
-        eps = (f"{r['epsilon_max']:.3g}",) if private else ()
-        table.add_row(metrics.round_cell(r["round"], cfg.run.rounds), acc, loss, train, _fmt_bytes(r["bytes_up"]),
+        eps = (("-" if r.get("epsilon_max") is None else f"{r['epsilon_max']:.3g}"),) if private else ()
+        table.add_row(metrics.round_cell(r["round"], rounds), acc, loss, train, _fmt_bytes(r["bytes_up"]),
                       _fmt_bytes(r["bytes_down"]), str(r["refused"]), f"{r['round_seconds']:.1f}s", *eps)
-    if len(rows) < cfg.run.rounds and phase != "done":
+    if len(rows) < rounds and phase != "done":
         table.add_row(str(rows[-1]["round"] + 1 if rows else 0), "...", *[""] * (len(columns) - 2 + private))
-    table.caption = f"{phase}, {time.monotonic() - started:.1f}s since launch"
+    table.caption = f"{phase}, {elapsed:.1f}s since launch" + (f"; live page {url}" if url else "")
     return table
 
 
@@ -84,15 +113,14 @@ def run_with_progress(config, overrides, out=None, quiet: bool = False, certs: s
         console.print(f"run directory: {bed.run_dir}")
         bed.start()
         if quiet or not console.is_terminal:
+            url = None
             for row in bed.iter_metrics(timeout=24 * 3600, on_poll=notices):
+                if url is None and (url := live_url(bed.run_dir)):
+                    console.print(f"live page: {url}")
                 rows.append(row)
-                acc = "-" if row["accuracy"] is None else f"{100 * row['accuracy']:.2f}%"
-                eps = f"  epsilon {row['epsilon_max']:.3g}" if "epsilon_max" in row else ""
-                console.print(f"round {metrics.round_cell(row['round'], bed.cfg.run.rounds)}  accuracy {acc}  "
-                              f"up {_fmt_bytes(row['bytes_up'])}  down {_fmt_bytes(row['bytes_down'])}  "
-                              f"{row['wall_seconds']:.1f}s{eps}")
+                console.print(round_line(row, bed.cfg.run.rounds))
         else:
-            with Live(_table(bed.cfg, rows, started, "starting"), console=console, refresh_per_second=4) as live:
+            with Live(_table(bed, rows, started, "starting"), console=console, refresh_per_second=4) as live:
                 while not bed.finished():
                     bed.check()
                     notices()
@@ -100,10 +128,10 @@ def run_with_progress(config, overrides, out=None, quiet: bool = False, certs: s
                     dead = len(bed.deaths())
                     phase = (f"{len(bed.running())} processes running" + (f", {dead} died" if dead else "")
                              if rows else "starting processes")
-                    live.update(_table(bed.cfg, rows, started, phase))
+                    live.update(_table(bed, rows, started, phase))
                     time.sleep(0.25)
                 rows = bed.metrics()
-                live.update(_table(bed.cfg, rows, started, "done"))
+                live.update(_table(bed, rows, started, "done"))
         summary = bed.wait(timeout=120)
         deaths = bed.deaths()
         if deaths:

@@ -239,7 +239,7 @@ class Testbed:
             for e in range(self.cfg.topology.edges):
                 name = edge_id(e)
                 edges.append(self._spawn(name, ["edge", "--id", name, "--listen", "127.0.0.1:0", "--cloud", cloud_address,
-                                                "--port-file", str(self.ports / name)]
+                                                "--port-file", str(self.ports / name), "--metrics-listen", "127.0.0.1:0"]
                                          + (["--rejoin"] if self.resume else [])))
             if self.cfg.topology.host_layout == "per_edge":
                 for e, edge in enumerate(edges):
@@ -271,6 +271,24 @@ class Testbed:
     @property
     def edge_addresses(self) -> list[str]:
         return [self.nodes[edge_id(e)].address for e in range(self.cfg.topology.edges)]
+
+    def live_url(self, timeout: float = 60.0) -> str:
+        """The cloud's live page (observe.listen), once it serves it."""
+        return self._wait_file(self.run_dir / "live_url", timeout)
+
+    def edge_metrics_url(self, name: str, timeout: float = 60.0) -> str:
+        """An edge's Prometheus /metrics (every testbed edge serves one on a free port)."""
+        scheme = "https" if self.certs is not None else "http"  # under mutual TLS, with the edge's certificate
+        return f"{scheme}://127.0.0.1:{self._wait_file(self.ports / f'{name}.metrics', timeout)}/metrics"
+
+    def _wait_file(self, path: pathlib.Path, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while not (path.exists() and path.read_text().strip()):
+            self.check()
+            if time.monotonic() > deadline:
+                raise TestbedError(f"{path} was not written within {timeout}s")
+            time.sleep(0.05)
+        return path.read_text().strip()
 
     def failures(self) -> list[Node]:
         return [n for n in self.nodes.values() if n.returncode() not in (None, 0) and not n.expected_exit]

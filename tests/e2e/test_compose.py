@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 
 import pytest
@@ -39,15 +40,57 @@ def test_image_is_one_non_root_image_without_keys(image):
     assert refused.returncode != 0 and "HFL_TLS=required" in refused.stderr
 
 
+def watch_published(compose: list, env: dict, pki, up: subprocess.Popen, timeout: float = 900) -> dict:
+    """While `up` runs: the cloud's live page, its /metrics and every edge's /metrics through the ports compose
+    publishes on the host, over TLS with a node certificate of the run's CA (the page asks for one)."""
+    import ssl
+    import urllib.request
+
+    seen: dict[str, bytes] = {}
+    targets = {"page": ("cloud", 8780, ""), "state": ("cloud", 8780, "api/state"), "metrics": ("cloud", 8780, "metrics"),
+               **{f"edge-{e}": (f"edge-{e}", 9100, "metrics") for e in ("000", "001", "002")}}
+    deadline = time.monotonic() + timeout
+    ctx = None
+    while up.poll() is None and len(seen) < len(targets) and time.monotonic() < deadline:
+        if ctx is None and (pki / "nodes" / "devices-002.key").exists():
+            ctx = ssl.create_default_context(cafile=str(pki / "nodes" / "ca.pem"))
+            ctx.load_cert_chain(str(pki / "nodes" / "edge-001.pem"), str(pki / "nodes" / "edge-001.key"))
+        for name, (service, port, path) in targets.items():
+            if name in seen or ctx is None:
+                continue
+            published = sh([*compose, "port", service, str(port)], env=env, check=False, timeout=30).stdout.strip()
+            if not published or published.endswith(":0"):
+                continue
+            try:
+                with urllib.request.urlopen(f"https://{published.replace('0.0.0.0', '127.0.0.1')}/{path}",
+                                            context=ctx, timeout=5) as res:
+                    seen[name] = res.read()
+            except OSError:
+                pass
+        time.sleep(0.3)
+    return seen
+
+
 def test_compose_up_runs_to_the_end_with_results_on_the_host(compose_cmd, image, tmp_path):
     runs, pki = tmp_path / "runs", tmp_path / "pki"
     project = f"hfle2e{os.getpid()}"
     env = dict(os.environ, HFL_IMAGE=image, HFL_RUNS=str(runs), HFL_PKI=str(pki), ROUNDS=str(ROUNDS),
-               DEVICES_PER_EDGE=str(DEVICES_PER_EDGE))
+               DEVICES_PER_EDGE=str(DEVICES_PER_EDGE), HFL_LIVE_PUBLISH="127.0.0.1::8780")
     compose = [*compose_cmd, "-f", ROOT / "docker-compose.yml", "-p", project]
     try:
         started = time.monotonic()
-        up = sh([*compose, "up", "--no-build", "--no-color"], env=env, timeout=900, check=False)
+        with open(tmp_path / "up.out", "w+") as out, open(tmp_path / "up.err", "w+") as err:
+            proc = subprocess.Popen([str(c) for c in (*compose, "up", "--no-build", "--no-color")], env=env,
+                                    stdout=out, stderr=err, text=True)
+            try:
+                published = watch_published(compose, env, pki, proc)
+                proc.wait(timeout=900)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+            out.seek(0)
+            err.seek(0)
+            up = subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), err.read())
         record("compose_up_s", round(time.monotonic() - started, 1))
         containers = project_containers(project)
         assert set(containers) == SERVICES, up.stdout[-3000:] + up.stderr[-3000:]
@@ -74,6 +117,16 @@ def test_compose_up_runs_to_the_end_with_results_on_the_host(compose_cmd, image,
         assert summary["stop_reason"] is None and 0 < summary["epsilon"] <= privacy["epsilon_budget"]
         assert len((out / "metrics.jsonl").read_text().splitlines()) == ROUNDS
         assert (out / "accuracy.png").stat().st_size > 1000 and (out / "config.toml").exists()
+
+        # the live page and every /metrics were reachable on the host during the run (HFL_LIVE_PUBLISH and
+        # HFL_EDGE_METRICS_PUBLISH), over TLS with a certificate of the run's CA
+        assert set(published) == {"page", "state", "metrics", "edge-000", "edge-001", "edge-002"}, sorted(published)
+        assert b"/static/uPlot.iife.min.js" in published["page"]
+        page_state = json.loads(published["state"])
+        assert page_state["run"]["rounds"] == ROUNDS and page_state["run"]["run_id"] == summary["run_id"]
+        assert [n["id"] for n in page_state["nodes"]] == ["edge-000", "edge-001", "edge-002"]
+        assert b"hfl_rounds_completed_total" in published["metrics"] and b"hfl_members{" in published["metrics"]
+        assert all(b"hfl_link_bytes_total{" in published[f"edge-{e}"] for e in ("000", "001", "002"))
 
         # health-gated start: cloud before edges before their device hosts, each after its upstream was SERVING
         cloud = containers["cloud"]

@@ -38,6 +38,8 @@ def test_hfl_run_writes_the_run_directory(tmp_path):
     assert summary["not_learning"] is None
     assert summary["total_seconds"] > summary["startup_seconds"] + summary["wall_seconds"] - 1
     assert f"in {summary['total_seconds']:.1f}s (start-up" in " ".join(result.stderr.split())
+    url = (out / "live_url").read_text().strip()  # the live page's URL, printed beside the progress
+    assert url.startswith("http://127.0.0.1:") and f"live page: {url}" in result.stderr
 
     # --resume of a finished run: says so within seconds and changes nothing
     before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}

@@ -1,0 +1,294 @@
+"""The live page and Prometheus /metrics of a running testbed (common/observe/), `hfl watch`, and a headless
+Chromium screenshot of the page during a run.
+
+One testbed serves every test of this module: a run long enough that each test sees rounds go by, stopped at the
+end of the module (its later rounds are never needed)."""
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from hfl.testbed import Testbed
+
+from .conftest import SMALL
+
+ROUNDS = 300  # never reached: the module stops the run when its tests are done
+# paper 000 with the paper's calibration: the page shows the accountant's epsilon and the paper's claim, labelled
+PRIVATE = ["run.algorithm=h2fdp", "train.tau=4", "train.gamma=2", "privacy.clip=1.0", 'privacy.trust_table={"edge-000" = "trusted"}',
+           "privacy.calibration=paper", "privacy.epsilon=1e6"]
+
+
+@pytest.fixture(scope="module")
+def bed(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("live") / "run"
+    tb = Testbed(None, [*SMALL, *PRIVATE, f"run.rounds={ROUNDS}", "observe.listen=127.0.0.1:0", "observe.refresh_s=0.5"],
+                 run_dir=run_dir)
+    try:
+        yield tb.start()
+    finally:
+        tb.close()
+
+
+def get(url: str, method: str = "GET", data: bytes | None = None, timeout: float = 10) -> tuple[int, dict, bytes]:
+    req = urllib.request.Request(url, method=method, data=data)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as res:
+            return res.status, dict(res.headers), res.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def state(url: str, since: int = 0) -> dict:
+    status, _, body = get(f"{url}api/state?since={since}")
+    assert status == 200, body
+    return json.loads(body)
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Prometheus text -> {sample name with labels: value}."""
+    status, headers, body = get(url)
+    assert status == 200 and headers["Content-Type"].startswith("text/plain"), body[:200]
+    out = {}
+    for line in body.decode().splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def wait_rows(bed: Testbed, n: int, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while len(bed.metrics()) < n:
+        bed.check()
+        assert time.monotonic() < deadline, f"fewer than {n} rounds within {timeout}s"
+        time.sleep(0.1)
+
+
+def test_page_and_metrics_follow_the_run(bed):
+    url = bed.live_url()
+    assert url.startswith("http://127.0.0.1:")
+    assert (bed.run_dir / "live_url").read_text().strip() == url
+    status, headers, page = get(url)
+    assert status == 200 and b"/static/uPlot.iife.min.js" in page and headers["Content-Type"].startswith("text/html")
+    assert get(url + "static/uPlot.iife.min.js")[2].startswith(b"/*! https://github.com/leeoniya/uPlot (v1.6.32)")
+    edge_url = bed.edge_metrics_url("edge-000")
+
+    seen_rounds, seen_completed, seen_counter = [], [], []
+    rows: list[dict] = []
+    edge_before = scrape(edge_url)
+    wait_rows(bed, 1)
+    deadline = time.monotonic() + 300
+    while len(set(seen_completed)) < 3:  # three different round counts: the page and the counters advance
+        assert time.monotonic() < deadline, f"the page did not advance: completed {seen_completed}"
+        before = len(bed.metrics())
+        s = state(url, since=len(rows))
+        m = scrape(url + "metrics")
+        after = len(bed.metrics())
+        rows.extend(s["rows"])
+        assert before <= s["progress"]["completed"] <= after
+        assert before <= m["hfl_rounds_completed_total"] <= after
+        assert s["progress"]["round"] >= s["progress"]["completed"] - 1
+        seen_rounds.append(s["progress"]["round"])
+        seen_completed.append(s["progress"]["completed"])
+        seen_counter.append(m["hfl_rounds_completed_total"])
+        time.sleep(0.3)
+    assert seen_rounds == sorted(seen_rounds) and seen_counter == sorted(seen_counter)
+
+    # what the page showed is what metrics.jsonl holds, row by row
+    on_disk = bed.metrics()[:len(rows)]
+    assert [(r["round"], r["accuracy"], r["loss"], r["bytes_up"], r["bytes_down"]) for r in rows] == \
+        [(r["round"], r["accuracy"], r["loss"], r["bytes_up"], r["bytes_down"]) for r in on_disk]
+    # the counters are sums over the same rows (a scrape and a read of the file around it)
+    m = scrape(url + "metrics")
+    n = int(m["hfl_rounds_completed_total"])
+    file_rows = bed.metrics()[:n]
+    assert m['hfl_bytes_total{direction="up"}'] == sum(r["bytes_up"] for r in file_rows)
+    assert m['hfl_bytes_total{direction="down"}'] == sum(r["bytes_down"] for r in file_rows)
+    assert m["hfl_round_duration_seconds_count"] == n
+    assert m["hfl_round_duration_seconds_sum"] == pytest.approx(sum(r["round_seconds"] for r in file_rows))
+    assert m['hfl_members{state="live"}'] == 2 and m['hfl_members{state="lost"}'] == 0
+    assert m['hfl_link_bytes_total{direction="up",link="edge_cloud"}'] > 0
+    assert m['hfl_link_bytes_total{direction="up",link="device_edge"}'] > 0
+    assert 0 < m['hfl_epsilon{stat="max"}'] and m["hfl_epsilon_budget"] == 1e6
+    assert m["hfl_accuracy_ratio"] == [r for r in file_rows if r["accuracy"] is not None][-1]["accuracy"]
+
+    s = state(url)
+    assert s["run"]["rounds"] == ROUNDS and s["progress"]["phase"].startswith("round")
+    assert [n["id"] for n in s["nodes"]] == ["edge-000", "edge-001"]
+    assert {n["state"] for n in s["nodes"]} == {"live"} and all(n["devices"] == 3 for n in s["nodes"])
+    assert s["privacy"]["epsilon_max"] > 0 and s["privacy"]["epsilon_budget"] == 1e6
+    assert s["privacy"]["trust"] == {"edge-000": "trusted", "edge-001": "untrusted"}
+    assert s["privacy"]["claimed"]["values"] and "claim" in s["privacy"]["claimed"]["label"]
+    assert [len(e["devices"]) for e in s["topology"]["edges"]] == [3, 3]
+    status, _, body = get(url + "api/privacy/devices")
+    devices = json.loads(body)["devices"]
+    assert status == 200 and len(devices) == 6 and max(devices.values()) == pytest.approx(s["privacy"]["epsilon_max"])
+
+    # Prometheus conventions: the hfl_ prefix, and every counter's sample ends in _total
+    for target in (url + "metrics", edge_url):
+        text = get(target)[2].decode()
+        types = dict(re.findall(r"^# TYPE (hfl_\w+) (\w+)$", text, re.M))
+        assert len(types) >= 12 and types["hfl_rounds_completed_total"] == "counter"
+        for name, kind in types.items():
+            samples = set(re.findall(rf"^({name}\w*)[{{ ]", text, re.M))  # none for a reason never seen
+            if kind == "counter":
+                assert name.endswith("_total") and samples <= {name}, (name, samples)
+    edge_after = scrape(edge_url)  # the edge's own counters advanced too
+    assert edge_after["hfl_rounds_completed_total"] > edge_before["hfl_rounds_completed_total"]
+    assert edge_after['hfl_link_bytes_total{direction="up",link="device_edge"}'] > \
+        edge_before['hfl_link_bytes_total{direction="up",link="device_edge"}']
+    assert edge_after['hfl_members{state="live"}'] == 3
+
+
+def raw(url: str, request: bytes) -> bytes:
+    host, port = re.match(r"https?://([^:/]+):(\d+)/", url).groups()
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(request)
+        out = b""
+        while chunk := sock.recv(65536):
+            out += chunk
+    return out
+
+
+def test_bad_requests_get_a_clear_4xx_and_change_nothing(bed):
+    url = bed.live_url()
+    wait_rows(bed, 1)
+    before = scrape(url + "metrics")
+    refused_before = before.get('hfl_refusals_total{reason="malformed"}', 0)
+    cases = [
+        (get(url + "nope"), 404, b"no such page"),
+        (get(url + "api/state?since=" + "9" * 300), 414, b"query longer"),
+        (get(url + "api/state?token=x"), 400, b"unknown query parameter"),
+        (get(url + "api/state?since=-1"), 400, b"non-negative integer"),
+        (get(url + "metrics?x=1"), 400, b"takes none"),
+        (get(url + "api/state", method="POST", data=b"{}"), 405, b"GET only"),
+        (get(url + "api/state", method="DELETE"), 405, b"GET only"),
+        (get(url + "x" * 1500), 414, b"longer than"),
+    ]
+    for (status, headers, body), want, text in cases:
+        assert status == want and text in body, (status, body)
+        assert body.startswith(str(want).encode())
+    assert cases[5][0][1]["Allow"] == "GET"
+    assert raw(url, b"GARBAGE\r\n\r\n").startswith(b"HTTP/1.1 400 ")
+    # a page of another site whose name was rebound to 127.0.0.1 (DNS rebinding) names its own host: refused
+    rebound = raw(url, b"GET /api/state HTTP/1.1\r\nHost: evil.example:8780\r\n\r\n")
+    assert rebound.startswith(b"HTTP/1.1 400 ") and b"epsilon" not in rebound
+    assert raw(url, b"GET /api/state HTTP/1.1\r\nHost: localhost\r\n\r\n").startswith(b"HTTP/1.1 200 ")
+    assert raw(url, b"GET / HTTP/2.0\r\n\r\n").startswith(b"HTTP/1.1 505 ")
+    assert raw(url, b"GET / HTTP/1.1\r\n" + b"X-A: b\r\n" * 100 + b"\r\n").startswith(b"HTTP/1.1 431 ")
+    assert raw(url, b"GET /" + b"a" * 5000 + b" HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 414 ")
+    # nothing changed: the cloud counts no refusal, still serves, and the run goes on
+    after = scrape(url + "metrics")
+    assert after.get('hfl_refusals_total{reason="malformed"}', 0) == refused_before
+    assert after["hfl_rounds_completed_total"] >= before["hfl_rounds_completed_total"]
+    assert state(url)["progress"]["finished"] is False
+
+
+def test_page_exposes_no_secret(bed):
+    url = bed.live_url()
+    wait_rows(bed, 2)
+    bodies = b"".join(get(url + path)[2] for path in ("", "api/state", "api/privacy/devices", "metrics"))
+    for secret in (bed._join_secret, bed._relay_secret):
+        assert secret.encode() not in bodies
+    tokens = re.findall(rb"[0-9a-f]{32,}", bodies)
+    assert not tokens, tokens[:3]  # no session token, key or secret-looking hex anywhere
+    s = json.loads(get(url + "api/state")[2])
+    for row in s["rows"]:  # numbers only: no upload, no tensor
+        assert all(v is None or isinstance(v, (int, float, bool)) for v in row.values())
+
+
+def test_hfl_watch_shows_the_progress_table(bed):
+    url = bed.live_url()
+    wait_rows(bed, 2)
+    for target in (url, str(bed.run_dir)):
+        out = subprocess.run([sys.executable, "-m", "hfl.cli", "watch", target, "--once"], capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert "hfl watch: h2fdp, 2 edges x 3 devices" in out.stdout
+        assert re.search(rf"\b\d+/{ROUNDS}\b", out.stdout) and "live page http://127.0.0.1:" in out.stdout
+    out = subprocess.run([sys.executable, "-m", "hfl.cli", "watch", "http://127.0.0.1:9/", "--once"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "hfl watch: http://127.0.0.1:9/" in out.stderr
+
+
+def chromium() -> str:
+    """Debian's chromium, installed with apt-get if missing (as tests/e2e installs the Docker engine)."""
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found:
+        return found
+    if shutil.which("apt-get") is None:
+        pytest.skip("no chromium and no apt-get to install Debian's chromium package")
+    for cmd in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "chromium"]):
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        if result.returncode != 0:
+            pytest.skip(f"apt-get could not install chromium: {result.stderr.strip()[-300:]}")
+    return shutil.which("chromium")
+
+
+def test_browser_shows_the_accuracy_chart_and_round(bed, tmp_path):
+    browser = chromium()
+    url = bed.live_url()
+    wait_rows(bed, 3)
+    out_dir = pathlib.Path(__file__).resolve().parents[2] / ".cache" / "live-page"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars",
+             f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1400,1750", "--virtual-time-budget=8000"]
+    dom = subprocess.run(flags + ["--dump-dom", url], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    html = dom.stdout
+    shown = re.search(r'id="round"[^>]*data-round="(\d+)"[^>]*>(\d+) / (\d+)<', html)
+    assert shown, html[:3000]
+    round_ = int(shown.group(1))
+    assert int(shown.group(3)) == ROUNDS and int(shown.group(2)) == round_ + 1
+    points = re.search(r'id="chart-accuracy"[^>]*data-points="(\d+)"', html)
+    assert points and int(points.group(1)) >= 3, "the accuracy chart has no points"
+    assert 'class="uplot' in html and "<canvas" in html
+    assert "accuracy (%)" in html and "state-live" in html
+
+    shot = out_dir / "live-page.png"
+    result = subprocess.run(flags + [f"--screenshot={shot}", url], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and shot.exists(), result.stderr[-2000:]
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(shot)
+    assert pixels.shape[0] >= 1000 and pixels.shape[1] >= 1000
+    assert pixels[..., :3].std() > 0.05  # not a blank page
+    # the chart's line colour (#2563eb, the accuracy series) is drawn
+    blue = ((abs(pixels[..., 0] - 0x25 / 255) < 0.05) & (abs(pixels[..., 1] - 0x63 / 255) < 0.05)
+            & (abs(pixels[..., 2] - 0xeb / 255) < 0.05)).sum()
+    assert blue > 200, f"only {blue} pixels of the accuracy line"
+    print(f"screenshot: {shot} (round {round_ + 1} of {ROUNDS})")
+
+
+def test_under_mutual_tls_the_page_asks_for_a_certificate_of_the_run(hfl_testbed, tmp_path):
+    import ssl
+
+    pki = tmp_path / "pki"
+    tb = hfl_testbed(overrides=SMALL + ["run.rounds=30", "observe.listen=127.0.0.1:0"], certs=pki)
+    url, edge_url = tb.live_url(), tb.edge_metrics_url("edge-000")
+    assert url.startswith("https://127.0.0.1:") and edge_url.startswith("https://127.0.0.1:")
+    wait_rows(tb, 1)
+    trusted = ssl.create_default_context(cafile=str(pki / "ca.pem"))
+    client = ssl.create_default_context(cafile=str(pki / "ca.pem"))
+    client.load_cert_chain(str(pki / "nodes" / "edge-001.pem"), str(pki / "nodes" / "edge-001.key"))
+    for target in (url + "api/state", url + "metrics", edge_url):
+        with urllib.request.urlopen(target, context=client, timeout=10) as res:
+            assert res.status == 200
+        with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):  # no client certificate
+            urllib.request.urlopen(target, context=trusted, timeout=10).read()
+        with pytest.raises((urllib.error.URLError, ConnectionError)):  # plaintext
+            urllib.request.urlopen(target.replace("https://", "http://"), timeout=10).read()
+    out = subprocess.run([sys.executable, "-m", "hfl.cli", "watch", url, "--once", "--ca", str(pki / "ca.pem"),
+                          "--cert", str(pki / "nodes" / "cloud.pem"), "--key", str(pki / "nodes" / "cloud.key")],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "hfl watch: hierfavg" in out.stdout, out.stderr

@@ -1,12 +1,11 @@
 """Issue 22: rounds are numbered from 0 everywhere a user sees them, as in metrics.jsonl's `round` field."""
 import json
-import time
 
 from rich.console import Console
 
 from hfl import sweep
 from hfl.common import config, metrics
-from hfl.launcher import _table
+from hfl.launcher import progress_table, run_info
 from hfl.verdict import not_learning
 
 ROWS = [{"round": r, "accuracy": a, "loss": l, "bytes_up": 10, "bytes_down": 20, "refused": 0, "round_seconds": 1.0,
@@ -16,7 +15,7 @@ ROWS = [{"round": r, "accuracy": a, "loss": l, "bytes_up": 10, "bytes_down": 20,
 def test_console_table_shows_the_rows_round_and_the_next_one():
     cfg = config.load(None, ["run.rounds=4"])
     console = Console(width=200, record=True)
-    console.print(_table(cfg, ROWS, time.monotonic(), "running"))
+    console.print(progress_table(run_info(cfg), ROWS, 0.0, "running"))
     lines = [line.strip("│ ").split()[0] for line in console.export_text().splitlines() if line.startswith("│")]
     assert lines == ["0", "1", "2", "3"]  # rounds 0..2, then round 3 in progress
     assert metrics.round_cell(2, 4) == "2 (3/4 done)"

@@ -22,6 +22,7 @@ from hfl.common import plans, robust, rpc, session, topology, validate, wire
 from hfl.common.channel.round_clock import EdgeClock
 from hfl.common.pipeline import Link
 from hfl.common.privacy import on_wire
+from hfl.common.quantization import precision
 from hfl.common.secret_random import dp_numpy_rng
 from hfl.common.service_base import Guarded, Liveness, Refusals, RoundBoard, hold_presence, refuse
 from hfl.common.upstream import Upstream
@@ -239,6 +240,9 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
         vec, _ = self.uplink.receive(wire.single_tensor(envelope, name), self.dim, self.cfg.run.seed,
                                      topology.device_index(node), self.round, meta.step)
         scalars = validate.check_scalars(envelope.scalars, node)
+        if self.relay and node in self.cluster_plan.devices:  # the fusion center's header checks, on receipt (issue 24)
+            precision.check_upload_header(precision.resolve(self.cfg), wire.single_tensor(envelope, name),
+                                          int(self.cluster_plan.devices[node].params["bits"]), node)
         q = next((t.params["q_measured"] for t in meta.transforms if t.stage == "encode" and "q_measured" in t.params), None)
         raw = envelope.SerializeToString() if self.relay else b""
         return barrier, Contribution(vec, self.samples[node], scalars, dp, q, raw)

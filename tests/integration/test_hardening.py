@@ -4,8 +4,10 @@ the run ends as a clean run of the same seed did, no node dies, and the hostile 
 its reason (in the refusing node's log, and at the cloud in summary.json's refused_by_reason_at_cloud).
 
 The clean reference of each mode is one run shared by the tests of this module."""
+import dataclasses
 import json
 
+import numpy as np
 import pytest
 
 from hfl.proto import hfl_v1_pb2 as pb
@@ -15,10 +17,16 @@ from .mitm import Act, Tamper, until
 from .test_faults import key, wait_rows
 
 BASE = SMALL + ["topology.host_layout=per_edge", "topology.hosts_per_edge=1", "run.rounds=2",
-                "net.phase_timeout_s=60", "net.rejoin_grace_s=5"]
+                "net.phase_timeout_s=30", "net.rejoin_grace_s=5"]
 DP = BASE + ["topology.devices_per_edge=2", "model.name=mlp", "run.algorithm=hfl-dp", "train.tau=5", "privacy.clip=1.0",
              "privacy.calibration=noise_multiplier", "privacy.noise_multiplier=2", "privacy.epsilon=1e6",
              "privacy.noise_source=seeded"]  # seeded: a clean run of the same seed releases the same noise
+
+
+RELAY = BASE + ["topology.devices_per_edge=2", "run.rounds=3", "run.algorithm=dpsq-fl-fwo-cso", "train.gamma=10",
+                 "train.batch_size=10", "pipeline.clip=clip_l1", "pipeline.params.clip_l1.clip=10.0",
+                 "pipeline.uplink_encoding=dpsq", "pipeline.params.dpsq.epsilon1=1e-6", "precision.group_sizes=[2, 2]",
+                 "precision.bits=[2, 4]", "precision.participants=4", "privacy.noise_source=seeded"]
 
 
 def copy(envelope: pb.Envelope) -> pb.Envelope:
@@ -43,8 +51,8 @@ def clean_run(tmp_path_factory, overrides, name):
     from hfl.testbed import Testbed
 
     with Testbed(overrides=overrides, run_dir=tmp_path_factory.mktemp(name)) as tb:
-        summary = tb.wait(timeout=600)
-        return tb.metrics(), summary
+        tb.wait(timeout=600)
+    return tb  # its metrics(), summary() and run_dir stay readable
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +85,7 @@ def test_finding1_a_forged_dp_event_is_refused_at_the_edge_and_the_cloud(hfl_tes
     with Tamper(device) as dev, Tamper(edge) as edg:
         tb = started(hfl_testbed, DP, {"devices-000-0": dev, "edge-001": edg})
         summary = tb.wait(timeout=600)
-    clean_rows, clean_summary = clean_dp
+    clean_rows, clean_summary = clean_dp.metrics(), clean_dp.summary()
     assert dev.sent_labels() == {"device z=1e-300": "INVALID_ARGUMENT", "device z=1e-3": "INVALID_ARGUMENT"}, dev.sent
     assert edg.sent_labels() == {"edge z=1e-300": "INVALID_ARGUMENT", "edge z=1e-3": "INVALID_ARGUMENT"}, edg.sent
     assert key(tb.metrics()) == key(clean_rows)
@@ -86,3 +94,109 @@ def test_finding1_a_forged_dp_event_is_refused_at_the_edge_and_the_cloud(hfl_tes
     assert summary["refused_by_reason_at_cloud"] == {"bad_dp_event": 2}
     assert refusals_logged(tb, "edge-000", "bad_dp_event") == 2
     assert not (tb.run_dir / "pending").exists() or not list((tb.run_dir / "pending").rglob("*.npz"))
+
+
+@pytest.fixture(scope="module")
+def clean_relay(tmp_path_factory):
+    return clean_run(tmp_path_factory, RELAY, "clean-relay")
+
+
+def widened(envelope: pb.Envelope) -> pb.Envelope:
+    """The upload with its DP-SQ range announced as (-1e30, 1e30), the indices honest."""
+    from hfl.common.quantization import codecs
+
+    out = copy(envelope)
+    tensor = out.tensors[0]
+    payload = codecs.read_payload(tensor)
+    tensor.data = codecs.write_payload(dataclasses.replace(payload, side=np.array([-1e30, 1e30], np.float32)))
+    return out
+
+
+def test_finding3_a_relay_device_cannot_announce_a_range_beyond_its_clip(hfl_testbed, clean_relay):
+    """Finding 3: a DP-SQ upload announcing the range (-1e30, 1e30) made the loss NaN; it is refused by the edge
+    (which knows the group's l1 clip C), so the device's honest upload still counts."""
+    def device(method, envelope):
+        m = envelope.meta
+        if method == "Exchange" and m.sender_id == "dev-00000" and m.round == 0 and envelope.tensors:
+            return Act(envelope, [("range 1e30", widened(envelope))])
+        return Act(envelope)
+
+    with Tamper(device) as dev:
+        tb = started(hfl_testbed, RELAY, {"devices-000-0": dev})
+        summary = tb.wait(timeout=600)
+    clean_rows = clean_relay.metrics()
+    assert dev.sent_labels() == {"range 1e30": "INVALID_ARGUMENT"}, dev.sent
+    assert key(tb.metrics()) == key(clean_rows)
+    assert summary["refused"] == 1 and tb.metrics()[0]["refused"] == 1
+    assert refusals_logged(tb, "edge-000", "bad_header") == 1
+
+
+def relayed(envelope: pb.Envelope, keep=lambda i, upload: upload) -> pb.Envelope:
+    """The edge's Submit with its relayed uploads rewritten by keep(i, upload) (None: left out)."""
+    out = copy(envelope)
+    uploads = [keep(i, pb.Envelope.FromString(raw)) for i, raw in enumerate(envelope.relayed)]
+    uploads = [u for u in uploads if u is not None]
+    del out.relayed[:]
+    out.relayed.extend(u.SerializeToString() for u in uploads)
+    out.meta.num_devices = len(uploads)
+    return out
+
+
+def test_finding4_a_relaying_edge_cannot_forge_replay_or_inflate_and_its_drop_is_counted(hfl_testbed, clean_relay):
+    """Finding 4: a relaying edge altered an upload, passed one device's upload off as another's, replayed round 0's
+    uploads into round 1 (all fused), and a device's reported distortion 0 took 78% of the FWO weight. Each upload now
+    carries its device's tag and the cloud computes the distortion itself: the forgeries are refused, the claim is
+    ignored, and an upload dropped in the last round is counted in relay_missing."""
+    saved = {}
+
+    def altered(i, upload):
+        upload.tensors[0].data = upload.tensors[0].data[:-1] + bytes([upload.tensors[0].data[-1] ^ 1])
+        return upload
+
+    def as_sender(upload, node):
+        upload.meta.sender_id = node
+        return upload
+
+    def to_round1(i, upload):
+        upload.meta.round = 1
+        return upload
+
+    def distortion_zero(i, upload):
+        for t in upload.meta.transforms:
+            if t.stage == "encode":
+                t.params["expected_distortion"] = 0.0
+        return upload
+
+    def edge(method, envelope):
+        r = envelope.meta.round
+        if method != "Submit":
+            return Act(envelope)
+        if r == 0:
+            saved[0] = envelope
+            mirrored = relayed(envelope, lambda i, u: as_sender(pb.Envelope.FromString(envelope.relayed[0]), "dev-00003")
+                               if i == 1 else u)  # dev-00002's upload in place of dev-00003's
+            return Act(relayed(envelope, distortion_zero), [("altered", relayed(envelope, altered)),
+                                                            ("mirrored", mirrored)])
+        if r == 1:
+            old = copy(saved[0])
+            old.meta.round = 1
+            return Act(envelope, [("replayed", old), ("replayed as round 1", relayed(old, to_round1))])
+        return Act(relayed(envelope, lambda i, u: u if i == 0 else None))  # dropped: dev-00003
+
+    with Tamper(edge) as edg:
+        tb = started(hfl_testbed, RELAY, {"edge-001": edg})
+        summary = tb.wait(timeout=600)
+    clean_rows = clean_relay.metrics()
+    assert edg.sent_labels() == {"altered": "PERMISSION_DENIED", "mirrored": "PERMISSION_DENIED",
+                                 "replayed": "FAILED_PRECONDITION", "replayed as round 1": "PERMISSION_DENIED"}, edg.sent
+    rows = tb.metrics()
+    assert key(rows[:2]) == key(clean_rows[:2])  # the distortion claim changed no weight
+    assert [r["refused"] for r in rows] == [2, 2, 0] and summary["refused"] == 4
+    assert summary["refused_by_reason_at_cloud"] == {"bad_relay_tag": 3, "wrong_round": 1}
+    assert [r["relay_missing"] for r in rows] == [0, 0, 1] and [r["relay_missing"] for r in clean_rows] == [0, 0, 0]
+    assert rows[2]["loss"] is not None and np.isfinite(rows[2]["loss"]) and summary["aggregates_rejected"] == 0
+    fused = [json.loads(x) for x in (tb.run_dir / "fusion.jsonl").read_text().splitlines()]
+    clean_fused = [json.loads(x) for x in (clean_relay.run_dir / "fusion.jsonl").read_text().splitlines()]
+    weights = lambda rows_, r: {x["device"]: x["weight"] for x in rows_ if x["round"] == r}  # noqa: E731
+    assert weights(fused, 0) == weights(clean_fused, 0) and weights(fused, 1) == weights(clean_fused, 1)
+    assert sorted(weights(fused, 2)) == ["dev-00000", "dev-00001", "dev-00002"]

@@ -59,13 +59,15 @@ def _refuse(code: grpc.StatusCode, message: str, reason: str) -> wire.WireError:
 
 
 class Medium:
-    def __init__(self, cfg, run_dir: pathlib.Path, dim: int):
+    def __init__(self, cfg, run_dir: pathlib.Path, dim: int, refusals=None):
         self.cfg = cfg
+        self.refusals = refusals  # service_base.Refusals: a transmitter left out is a refusal with its reason
         self.dim = dim
         self.plane = air.plane_for(cfg)
         self.edges = topology.edge_ids(cfg)
         self.slots: dict[tuple[int, int], Slot] = {}
         self.edges_dropped: dict[int, set[str]] = {}  # round -> edges a slot of it closed without
+        self.dropped: set[str] = set()  # edges a slot closed without, since the last take_dropped()
         self.masks: dict[tuple[int, int], tuple] = {}
         self.psi_mean, self.psi_count = 0.0, 0
         self.stats: dict[int, list[dict]] = {}
@@ -181,6 +183,7 @@ class Medium:
                     log.warning("air slot %s: going on without %s (not waited for again this round)", key,
                                 sorted(waiting))
                     self.edges_dropped.setdefault(round_, set()).update(waiting)
+                    self.dropped |= waiting
                     drop(waiting)
                 slot.task = asyncio.get_running_loop().create_task(self._close(key, slot, phases))
                 break
@@ -219,8 +222,12 @@ class Medium:
         sigma = [s for e in edges for s in slot.emissions[e].sigma]
         keep = medium_fn.side_info_accepted(mu, sigma, self.cfg.channel.side_info_bound)
         if not keep.all():  # counted and left out of the superposition: the others' slot goes on
-            log.warning("air slot %s: refused implausible side information of %s", key,
-                        [n for n, k in zip(tx, keep) if not k])
+            owner = [e for e in edges for _ in slot.emissions[e].tx]
+            for i in np.flatnonzero(~keep):
+                log.warning("air slot %s: left out %s of %s (implausible side information)", key, tx[i], owner[i])
+                if self.refusals is not None:
+                    self.refusals.add("air_side_info", owner[i], f"slot {key}: {tx[i]}'s mu {mu[i]:.6g}, sigma "
+                                      f"{sigma[i]:.6g} far outside the slot's others' (channel.side_info_bound)")
             tx = [n for n, k in zip(tx, keep) if k]
             payloads, mu, sigma = payloads[keep], list(np.asarray(mu)[keep]), list(np.asarray(sigma)[keep])
         idx = lambda nodes: np.array([topology.device_index(n) for n in nodes], dtype=np.int64)  # noqa: E731
@@ -289,6 +296,11 @@ class Medium:
                        downlink_interference_power=float(np.mean([r["downlink_interference_power"] for r in rows])),
                        psi_used=float(rows[-1]["psi"]))
         self.seconds = 0.0
+        return out
+
+    def take_dropped(self) -> set[str]:
+        """The edges a slot went on without since the last call: the cloud expects them again in its next round."""
+        out, self.dropped = self.dropped, set()
         return out
 
     def take_models(self, round_: int) -> dict:

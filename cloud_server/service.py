@@ -139,7 +139,7 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
         if plans.ALGORITHMS.get(self.cfg.run.algorithm).medium:
             from .medium import Medium
 
-            self.medium = Medium(self.cfg, self.run_dir, self.dim)
+            self.medium = Medium(self.cfg, self.run_dir, self.dim, self.refusals)
         self.first_round, self.rows = 0, []
         self.startup_seconds: float | None = None
         if self.resume:
@@ -438,6 +438,8 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
             if not (self.resume and r == self.first_round):  # a resumed round keeps what was accepted already
                 self.round = r
                 self.results = {}
+            if self.medium is not None:  # an edge a slot went on without is waited for again from the next round
+                self.live.absent -= {e for e in self.medium.take_dropped() if self.live.sessions.has(e)}
             decision = self.controller.decide(r) if self.controller is not None else None
             clusters = self._cluster_plans(r, decision)
             if clusters is None:

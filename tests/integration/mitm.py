@@ -23,11 +23,12 @@ from typing import Callable
 
 import grpc
 
-from hfl.common import wire
+from hfl.common import rpc, wire
 from hfl.proto import hfl_v1_pb2 as pb
 
-_MAX = 256 << 20
-_OPTIONS = [("grpc.max_send_message_length", _MAX), ("grpc.max_receive_message_length", _MAX)]
+# the nodes' own message limits and keepalive pings (a server that refuses them sends GOAWAY: a lost session)
+_SERVER = rpc.message_options(rpc.MAX_CHUNK) + rpc.keepalive_options(server=True)
+_CLIENT = rpc.message_options(rpc.MAX_CHUNK) + rpc.keepalive_options(server=False)
 # every method the edges and clouds serve, by its request / reply cardinality
 _UNARY, _SERVER_STREAM, _CLIENT_STREAM, _BIDI = "uu", "us", "su", "ss"
 KINDS = {"Register": _UNARY, "Check": _UNARY, "FetchRound": _SERVER_STREAM, "Presence": _SERVER_STREAM,
@@ -56,7 +57,7 @@ class Tamper:
         self._upstream: str | None = None
         self._ready = threading.Event()
         self.sent: list[tuple[str, str, str]] = []
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=64), options=_OPTIONS)
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=64), options=_SERVER)
         self.server.add_generic_rpc_handlers((_Handler(self),))
         self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
         self.server.start()
@@ -67,7 +68,7 @@ class Tamper:
 
     @upstream.setter
     def upstream(self, address: str) -> None:
-        self.channel = grpc.insecure_channel(address, options=_OPTIONS)
+        self.channel = grpc.insecure_channel(address, options=_CLIENT)
         self._upstream = address
         self._ready.set()
 

@@ -6,6 +6,8 @@ its reason (in the refusing node's log, and at the cloud in summary.json's refus
 The clean reference of each mode is one run shared by the tests of this module."""
 import dataclasses
 import json
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -98,6 +100,44 @@ def test_finding1_a_forged_dp_event_is_refused_at_the_edge_and_the_cloud(hfl_tes
     assert summary["refused_by_reason_at_cloud"] == {"bad_dp_event": 2}
     assert refusals_logged(tb, "edge-000", "bad_dp_event") == 2
     assert not (tb.run_dir / "pending").exists() or not list((tb.run_dir / "pending").rglob("*.npz"))
+
+
+def test_finding1_a_resume_discards_a_poisoned_pending_result(hfl_testbed, clean_dp):
+    """Finding 1, resume: a result with a degenerate DP event saved in pending/ crashed every `--resume` the same way.
+    Here the cloud is killed while edge-000's round-1 result is held on the way, a result of edge-000 with z = 1e-300
+    is planted in pending/, and the resumed cloud discards it with a log line; edge-000's real result then counts and
+    the run ends as the clean one."""
+    held, release = {}, threading.Event()
+
+    def edge(method, envelope):
+        if method == "Submit" and envelope.meta.round == 1 and not held:
+            held["envelope"] = envelope
+            return Act(envelope, hold=until(release.is_set, 300))
+        return Act(envelope)
+
+    with Tamper(edge) as proxy:
+        tb = started(hfl_testbed, DP + ["net.rejoin_grace_s=40"], {"edge-000": proxy})
+        deadline = time.monotonic() + 300
+        while "envelope" not in held:
+            assert time.monotonic() < deadline, "edge-000 never submitted round 1"
+            tb.check()
+            time.sleep(0.05)
+        tb.kill("cloud")
+        with np.load(tb.run_dir / "checkpoint.npz") as ckpt:
+            run_id, dim, last = str(ckpt["run_id"]), ckpt["weights"].size, int(ckpt["round"])
+        assert last == 0
+        poisoned = with_z(held["envelope"], 1e-300)
+        folder = tb.run_dir / "pending" / "round-000001"
+        folder.mkdir(parents=True, exist_ok=True)
+        np.savez(folder / "edge-000.npz", delta=np.zeros(dim, np.float32), devices=2, samples=1, scalars="{}",
+                 run_id=run_id, fused="[]",
+                 transforms=np.frombuffer(pb.Meta(transforms=poisoned.meta.transforms).SerializeToString(), np.uint8))
+        tb.restart("cloud", resume=True)
+        release.set()
+        summary = tb.wait(timeout=600)
+    assert summary["resumed"] is True and key(tb.metrics()) == key(clean_dp.metrics())
+    log = (tb.logs / "cloud.log").read_text()
+    assert "--resume: discarding" in log and "edge-000.npz" in log and "ZeroDivisionError" not in log
 
 
 @pytest.fixture(scope="module")

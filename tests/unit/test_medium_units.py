@@ -339,3 +339,4 @@ def test_a_silent_edge_costs_one_slots_wait_not_every_slots(tmp_path):
     assert absent == {"edge-002"}
     assert 1.0 <= seconds < 1.9  # the first slot waited its 1 s for edge-002, the second did not wait again
     assert medium.round_columns(0, {})["air_edges_dropped"] == 1
+    assert medium.take_dropped() == {"edge-002"} and medium.take_dropped() == set()  # expected again next round

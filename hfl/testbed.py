@@ -12,7 +12,9 @@ Device hosts follow `topology.host_layout`: per_core (default) starts `topology.
 one per core) named devices-cH, each emulating a contiguous share of all devices of all edges; per_edge
 starts `hosts_per_edge` hosts per edge named devices-EEE-H. `skip_hosts` names per-edge hosts (a test
 plays their devices), so a Testbed given skip_hosts uses the per_edge layout; so does one with `certs`
-(a per-core host would need to discover edges whose devices its certificate does not name).
+(a per-core host would need to discover edges whose devices its certificate does not name). `via` names nodes (an
+edge, a per-edge host) that dial another address than their upstream's: a test's proxy in front of it
+(tests/integration/mitm.py plays a compromised node that way).
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ session, except the uploads a `tamper` function rewrites. That is what a comprom
 valid session; the honest traffic it still forwards lets a run end as a clean run of the same seed would.
 
     proxy = Tamper(tamper)              # tamper(method, envelope) -> Act
-    tb = hfl_testbed(..., extra_args={"edge-001": ["--cloud", proxy.address]})
+    tb = hfl_testbed(..., via={"edge-001": proxy.address})   # Testbed.via: the node dials the proxy
     proxy.upstream = tb.cloud_address   # calls wait for it
     ...
     proxy.sent                          # [(label, status code name, details)] of every hostile message
@@ -33,7 +33,6 @@ _CLIENT = rpc.message_options(rpc.MAX_CHUNK) + rpc.keepalive_options(server=Fals
 _UNARY, _SERVER_STREAM, _CLIENT_STREAM, _BIDI = "uu", "us", "su", "ss"
 KINDS = {"Register": _UNARY, "Check": _UNARY, "FetchRound": _SERVER_STREAM, "Presence": _SERVER_STREAM,
          "Watch": _SERVER_STREAM, "Submit": _CLIENT_STREAM, "Exchange": _BIDI, "Air": _BIDI}
-UPLOADS = {"Submit", "Exchange", "Air"}
 
 
 @dataclass

@@ -3,7 +3,9 @@ honest node's upstream, holding the node's valid session; or a raw outsider) doe
 the run ends as a clean run of the same seed did, no node dies, and the hostile message is counted in `refused` with
 its reason (in the refusing node's log, and at the cloud in summary.json's refused_by_reason_at_cloud).
 
-The clean reference of each mode is one run shared by the tests of this module."""
+The clean reference of each mode is one run shared by the tests of this module. On the air a forged transmission
+cannot be followed by an honest one (one per slot): there the reference is the same attack made by the other party.
+(The proxy: tests/integration/mitm.py.)"""
 import dataclasses
 import json
 import threading
@@ -23,8 +25,6 @@ BASE = SMALL + ["topology.host_layout=per_edge", "topology.hosts_per_edge=1", "r
 DP = BASE + ["topology.devices_per_edge=2", "model.name=mlp", "run.algorithm=hfl-dp", "train.tau=5", "privacy.clip=1.0",
              "privacy.calibration=noise_multiplier", "privacy.noise_multiplier=2", "privacy.epsilon=1e6",
              "privacy.noise_source=seeded"]  # seeded: a clean run of the same seed releases the same noise
-
-
 RELAY = BASE + ["topology.devices_per_edge=2", "run.rounds=3", "run.algorithm=dpsq-fl-fwo-cso", "train.gamma=10",
                  "train.batch_size=10", "pipeline.clip=clip_l1", "pipeline.params.clip_l1.clip=10.0",
                  "pipeline.uplink_encoding=dpsq", "pipeline.params.dpsq.epsilon1=1e-6", "precision.group_sizes=[2, 2]",
@@ -74,7 +74,7 @@ def with_z(envelope: pb.Envelope, z: float) -> pb.Envelope:
     return out
 
 
-def test_finding1_a_forged_dp_event_is_refused_at_the_edge_and_the_cloud(hfl_testbed, clean_dp, monkeypatch):
+def test_finding1_a_forged_dp_event_is_refused_at_the_edge_and_the_cloud(hfl_testbed, clean_dp):
     """Finding 1: a device declaring z = 1e-300 (ZeroDivisionError in the accountant, cloud dead) or z = 1e-3 (a
     ledger charge of ~1e6 that stopped the run), and an edge rewriting its cluster's DP events the same way."""
     def device(method, envelope):

@@ -67,6 +67,10 @@ class H2fdpController:
         self.beta_hat: float | None = None
         self._affordable: dict = {}
 
+    def wants_beta(self) -> bool:
+        """Do the devices report smoothness estimates (control.beta < 0: the controller estimates beta)?"""
+        return self.cfg.control.beta < 0
+
     def decide(self, r: int) -> Decision:
         columns = {"tau": self.tau, "lr": self.eta, "ctrl": "configured"}
         if r > 0 and self.measured is not None:

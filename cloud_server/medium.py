@@ -67,7 +67,6 @@ class Medium:
         self.edges = topology.edge_ids(cfg)
         self.slots: dict[tuple[int, int], Slot] = {}
         self.edges_dropped: dict[int, set[str]] = {}  # round -> edges a slot of it closed without
-        self.dropped: set[str] = set()  # edges a slot closed without, since the last take_dropped()
         self.masks: dict[tuple[int, int], tuple] = {}
         self.psi_mean, self.psi_count = 0.0, 0
         self.stats: dict[int, list[dict]] = {}
@@ -183,7 +182,6 @@ class Medium:
                     log.warning("air slot %s: going on without %s (not waited for again this round)", key,
                                 sorted(waiting))
                     self.edges_dropped.setdefault(round_, set()).update(waiting)
-                    self.dropped |= waiting
                     drop(waiting)
                 slot.task = asyncio.get_running_loop().create_task(self._close(key, slot, phases))
                 break
@@ -296,11 +294,6 @@ class Medium:
                        downlink_interference_power=float(np.mean([r["downlink_interference_power"] for r in rows])),
                        psi_used=float(rows[-1]["psi"]))
         self.seconds = 0.0
-        return out
-
-    def take_dropped(self) -> set[str]:
-        """The edges a slot went on without since the last call: the cloud expects them again in its next round."""
-        out, self.dropped = self.dropped, set()
         return out
 
     def take_models(self, round_: int) -> dict:

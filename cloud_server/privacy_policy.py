@@ -23,6 +23,8 @@ from hfl.common.secret_random import SEEDED_LABEL
 from hfl.common.seeding import numpy_rng
 from hfl.proto import hfl_v1_pb2 as pb
 
+from .placements import PLACEMENTS
+
 log = logging.getLogger("hfl.privacy")
 
 DP_STAGE = "dp_event"
@@ -42,7 +44,8 @@ class PrivacyPolicy:
         self.max_weight = float(max((padded_length(n) for n in scope), default=1))
         # claimed, not measured (paper 000's formula, paper 002's wavelet clip): exempt from the budget stop. At
         # sample level "paper" only picks sigma by the accountant, as the paper does: a sound vanilla DP-SGD.
-        self.claim_only = self.wavelet == "paper" or (p.calibration == "paper" and self.algorithm.privacy != "sample")
+        self.placement = PLACEMENTS.get(self.algorithm.privacy)(self)
+        self.claim_only = self.placement.claim_only()
         self.edges = list(edges)
         self.members = {e: topology.edge_members(cfg, topology.edge_index(e)) for e in self.edges}
         fraction = None if p.trusted_fraction == -1.0 else p.trusted_fraction
@@ -58,45 +61,19 @@ class PrivacyPolicy:
         self.device_sizes = {d: int(device_samples[topology.device_index(d)]) for d in devices}
         self.ledger = PrivacyLedger.open(run_dir, p.delta, p.accountant, devices)
         self.ledger.caveats = self.guarantee()
-        self.settings = {e: self._calibrate(e, device_samples) for e in self.edges}
-        if self.algorithm.privacy == "aggregator" and any(v != TRUSTED for v in self.levels.values()):
-            raise ValueError("user-level DP-FedAvg needs a trusted aggregator, but "
-                             f"{sorted(e for e, v in self.levels.items() if v != TRUSTED)} are untrusted "
-                             "(a site lowered its trust?)")
+        common = dict(epsilon=p.epsilon, delta=p.delta, mode=p.calibration, accountant=p.accountant,
+                      noise_multiplier=p.noise_multiplier if p.calibration == "noise_multiplier" else None)
+        self.settings = {e: self.placement.calibrate(e, common) for e in self.edges}
+        self.placement.check_levels(self.levels)
         self.stopped: str | None = None
         self.planned: dict[int, dict[str, tuple[str, ...]]] = {}  # round -> edge -> participants, as planned
         self.charged_missing = 0  # releases charged as planned for edges that never reported
         self.plan_params: dict[int, dict[str, dict]] = {}  # round -> edge -> the cluster plan's params
 
-    # ---- calibration --------------------------------------------------------------------------
+    # ---- calibration ----------------------------------------------------------------------------
     @property
     def local_per_round(self) -> int:
-        if self.algorithm.privacy != "by_trust":
-            return 0
-        return calibration.local_aggregations_per_round(self.cfg.train.tau, self.cfg.train.gamma)
-
-    def _participants(self, edge: str) -> int:
-        return self.cfg.train.participants or len(self.members[edge])
-
-    def _calibrate(self, edge: str, device_samples: Sequence[int]) -> dict[str, calibration.NoiseSetting]:
-        p, t = self.p, self.cfg.train
-        sizes = self._sizes(edge)
-        common = dict(epsilon=p.epsilon, delta=p.delta, mode=p.calibration, accountant=p.accountant,
-                      noise_multiplier=p.noise_multiplier if p.calibration == "noise_multiplier" else None)
-        if self.algorithm.privacy == "aggregator":
-            setting = calibration.calibrate_dp_fedavg(rounds=self.cfg.run.rounds, client_rate=p.client_rate,
-                                                      clip=p.clip, sizes=sizes, **common)
-            return {"global": self._wavelet_claim(setting)}
-        if self.algorithm.privacy == "sample":
-            if p.lot == "fixed":  # one setting per device: the population sampled without replacement is its data
-                return {f"sample/{d}": self._sample_setting(self.device_sizes[d]) for d in self.members[edge]}
-            return {"sample": self._sample_setting(0)}
-        q = min(1.0, t.batch_size / max(1.0, float(np.mean(sizes))))
-        return calibration.calibrate_h2fdp(trusted=self.levels[edge] == TRUSTED, eta=t.lr, tau=t.tau, clip=p.clip,
-                                           rounds=self.cfg.run.rounds, local_per_round=self.local_per_round,
-                                           participants=self._participants(edge), q=q, c2=p.c2,
-                                           v2=None if p.v2 == -1.0 else p.v2,
-                                           window=privacy_config.sensitivity_window(p, t), **common)
+        return self.placement.local_per_round()
 
     @property
     def sample_steps_per_round(self) -> int:
@@ -107,7 +84,7 @@ class PrivacyPolicy:
         return float(np.sqrt(np.sum(np.square(self.p.layer_clips)))) if self.p.layer_clips else float(self.p.clip)
 
     @functools.lru_cache(maxsize=None)
-    def _sample_setting(self, population: int) -> calibration.NoiseSetting:
+    def sample_setting(self, population: int) -> calibration.NoiseSetting:
         p = self.p
         return calibration.calibrate_dp_sgd(
             epsilon=p.epsilon, delta=p.delta, steps=self.sample_steps_per_round * self.cfg.run.rounds,
@@ -115,7 +92,7 @@ class PrivacyPolicy:
             noise_multiplier=p.noise_multiplier if p.calibration == "noise_multiplier" else None,
             lot=p.lot, dataset_size=population, wavelet=self.wavelet, max_weight=self.max_weight)
 
-    def _wavelet_claim(self, setting: calibration.NoiseSetting) -> calibration.NoiseSetting:
+    def wavelet_claim(self, setting: calibration.NoiseSetting) -> calibration.NoiseSetting:
         """DP-FedAvg-WAV in the paper's calibration (clip ||H|| <= S, noise std / W_c): the multiplier really given is
         z / max_c W_c (digest 002 P1); the accountant's figure for z becomes the claim."""
         if self.wavelet != "paper":
@@ -147,36 +124,10 @@ class PrivacyPolicy:
         self.plan_params[r] = {}
         train = (round_cfg or self.cfg).train
         for e in self.edges:
-            trusted = self.levels[e] == TRUSTED
-            params = {"trusted": float(trusted), **on_wire.shape_params(self.p.mechanism, self.wavelet)}
-            devices = {}
-            if self.algorithm.privacy == "sample":  # the devices add the noise; nothing for edges to do
-                for key, setting in self.settings[e].items():
-                    if key == "sample":
-                        params.update(noise_z_sample=setting.std / setting.sensitivity,
-                                      noise_sens_sample=setting.sensitivity)
-                    else:  # fixed lots: each device its own multiplier
-                        devices[key.split("/", 1)[1]] = pb.DevicePlan(params={
-                            "noise_z_sample": setting.std / setting.sensitivity,
-                            "noise_sens_sample": setting.sensitivity})
-                listed = participants[e] if len(participants[e]) < len(self.members[e]) else ()
-                plans_[e] = pb.ClusterPlan(params=params, participants=list(listed), devices=devices)
-                continue
-            for stream, setting in self.settings[e].items():
-                params[f"noise_z_{stream}"] = setting.std / setting.sensitivity  # what scales the noise
-                params[f"noise_sens_{stream}"] = setting.sensitivity if round_cfg is None else \
-                    calibration.h2fdp_sensitivity(train.lr, privacy_config.sensitivity_window(self.p, train),
-                                                  self.p.clip, max(1, len(participants[e])) if trusted else 1)
-            if self.algorithm.privacy == "aggregator":
-                d = sum(self._sizes(e))
-                params.update(delta_clip=self.p.clip, client_rate=self.p.client_rate, fixed_denominator=self.p.client_rate * d)
-                listed: Sequence[str] = ()  # the trusted edge draws its clients itself (Poisson, rate q_c)
-            else:
-                # an honest upload sums m clipped minibatch steps: ||d_i|| <= eta m G, enforced by a trusted edge
-                params["delta_clip"] = train.lr * train.gamma * self.p.clip
-                listed = participants[e] if len(participants[e]) < len(self.members[e]) else ()
-            plans_[e] = pb.ClusterPlan(params=params, participants=list(listed))
-            self.plan_params[r][e] = dict(params)
+            params = {"trusted": float(self.levels[e] == TRUSTED), **on_wire.shape_params(self.p.mechanism, self.wavelet)}
+            plans_[e], checked = self.placement.cluster_plan(e, participants[e], params, train, round_cfg)
+            if checked:
+                self.plan_params[r][e] = dict(params)
         return plans_
 
     def check_events(self, r: int, edge: str, records: Sequence[DpRecord]) -> None:
@@ -199,22 +150,11 @@ class PrivacyPolicy:
                                 f"{edge}'s DP event ({rec.tier}, {rec.stream}, z {rec.noise_multiplier:.6g}) does not "
                                 f"match round {r}'s plan", "bad_dp_event")
 
-    def _sizes(self, edge: str) -> list[int]:
+    def sizes(self, edge: str) -> list[int]:
         return [self.device_sizes[d] for d in self.members[edge]]
 
     def planned_records(self, r: int, participants: Mapping[str, Sequence[str]]) -> list[DpRecord]:
-        if self.algorithm.privacy == "sample":
-            steps = self.sample_steps_per_round
-            out = []
-            for e in self.edges:
-                for d in participants[e]:
-                    setting = self.settings[e].get("sample") or self.settings[e][f"sample/{d}"]
-                    out.append(dataclasses.replace(setting.record(d, (d,), r, steps), population=(
-                        self.device_sizes[d] if self.p.lot == "fixed" and self.p.lot_rate < 1 else 0)))
-            return out
-        if self.algorithm.privacy == "aggregator":
-            return [self.settings[e]["global"].record(e, self.members[e], r) for e in self.edges]
-        return calibration.h2fdp_round_records(r, self.levels, participants, self.settings, self.local_per_round)
+        return self.placement.planned_records(r, participants)
 
     def refuse_round(self, r: int, participants, dry_run: bool = False) -> str | None:
         """Why round r may not start (it would take a device past privacy.epsilon), or None.
@@ -281,9 +221,7 @@ class PrivacyPolicy:
             **self.budget(),
             "noise_source": self.p.noise_source,
             "guarantee": self.guarantee(),
-            "sensitivity": self.p.sensitivity if self.algorithm.privacy == "by_trust" else None,
-            "client_draw": ("visible to the cloud (the edge reports the drawn set's counts): each drawn device is "
-                            "charged an unsampled release") if self.algorithm.privacy == "aggregator" else None,
+            "sensitivity": None, "client_draw": None, **self.placement.describe(),
             "charged_missing_edges": self.charged_missing,
             "stopped": self.stopped,
         }

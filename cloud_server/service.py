@@ -12,17 +12,15 @@ import json
 import logging
 import os
 import pathlib
-import shutil
 import time
 import uuid
-from dataclasses import dataclass, field
 
 import grpc
 import numpy as np
 import torch
 
 from hfl.common import config as config_mod
-from hfl.common import metrics, plans, robust, rpc, session, topology, validate, wire
+from hfl.common import metrics, modes, plans, robust, rpc, session, topology, validate, wire
 from hfl.common.channel.round_clock import BACKHAUL_BYTES, CloudClock
 from hfl.common.privacy import on_wire
 from hfl.common.rundir import check_run_dir, write_data_report
@@ -31,16 +29,15 @@ from hfl.common.models import build, get_flat, init_parameters, num_parameters
 from hfl.common.partition import data_report, partition
 from hfl.common.pipeline import Link
 from hfl.common.quantization.schedule import RoundSchedule
-from hfl.common.privacy.ledger import lines_to_keep
 from hfl.common.seeding import numpy_rng, torch_generator
-from hfl.common.service_base import Guarded, Liveness, Refusals, RoundBoard, hold_presence, refuse
-from hfl.device_client.training import evaluate, make_shard
+from hfl.common.service_base import Gate, Liveness, Refusals, RoundBoard, refuse
+from hfl.common.shard import evaluate, make_shard
 from hfl.proto import hfl_v1_pb2 as pb
-
-from . import controller as controller_mod
-from .fusion_center import FUSION_WEIGHT, FusionCenter
-from .privacy_policy import PrivacyPolicy
 from hfl.proto import hfl_v1_pb2_grpc as pbg
+
+from .modes import CloudPorts, RoundRefused
+from .round_wrappers import wrap
+from .store import EdgeResult, RunStore
 
 log = logging.getLogger("hfl.cloud")
 
@@ -56,27 +53,7 @@ def launch_to_now() -> float:
     return round(time.time() - launched, 3)
 
 
-# The cloud's weight of one edge's result under aggregation.cloud_weights (normalised by the aggregator):
-# its samples, its devices (N_l / N), equal (1 / L: paper 000), or its share of the fusion scores (relay, paper 004).
-CLOUD_WEIGHTS = {
-    "samples": lambda res: float(res.samples),
-    "devices": lambda res: float(res.devices),
-    "equal": lambda res: 1.0,
-    "fusion": lambda res: float(res.scalars[FUSION_WEIGHT]),
-}
-
-
-@dataclass
-class EdgeResult:
-    delta: np.ndarray
-    devices: int
-    samples: int
-    scalars: dict
-    transforms: list = field(default_factory=list)  # what was applied on the way, DP events included
-    fused: list = field(default_factory=list)       # relay algorithms: one row per fused device upload
-
-
-class CloudServer(pbg.CloudServiceServicer, Guarded):
+class CloudServer(Gate, pbg.CloudServiceServicer):
     def __init__(self, cfg: config_mod.Config, run_dir: pathlib.Path, server: rpc.Server, admit=None,
                  resume: bool = False):
         self.cfg = cfg
@@ -85,6 +62,7 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
         self.admit = admit
         self.resume = resume
         self.run_id = f"{cfg.run.name}-{uuid.uuid4().hex[:8]}"
+        self.store = RunStore(run_dir)
         self.edges = topology.edge_ids(cfg)
         self.live = Liveness(cfg.net.rejoin_grace_s)
         self.ready: set[str] = set()
@@ -94,9 +72,9 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
         self.rejected_aggregates = 0
         self.spec_json = None  # set last in prepare(): until then every RPC answers UNAVAILABLE
         self.claims: dict[str, str] = {}  # an edge site's own trust claim (it can only lower the policy)
-        self.policy = None
         self.stop_reason: str | None = None
         self.refusals = Refusals()
+        self.slot_dropped: set[str] = set()  # edges a shared slot went on without, since the round began
         self.board = RoundBoard()
         self.round = -1
         self.results: dict[str, EdgeResult] = {}
@@ -104,16 +82,12 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
         self.joined = asyncio.Event()
         self.chunk_bytes = cfg.net.chunk_kib * 1024
         self.max_bytes = cfg.net.max_message_mb << 20
-        self.backhaul = Link.from_config(cfg.pipeline, "backhaul")
         self.downlink = Link.from_config(cfg.pipeline, "downlink")
         self.bytes_up = 0
         self.bytes_down = 0
         self.tau_gamma: dict | None = None  # summary.json: how tau and gamma were set
-        self.controller = None  # control.controller: re-plans each round (cloud_server/controller.py)
-        self.fusion: FusionCenter | None = None  # relay algorithms (paper 004): the cloud fuses every device upload
-        self.medium = None  # algorithms on the wireless medium (paper 003): cloud_server/medium.py
+        self.mode = None  # the round mode (cloud_server/modes.py), wrapped by privacy and control in run()
         self.plan: list[pb.Phase] = []  # the round plan in progress
-        self.round_models: dict = {}  # the medium's models of the round (reference device, mean of devices)
 
     def prepare(self) -> None:
         """Load the test set and build the initial model (seeded by the run seed alone)."""
@@ -134,18 +108,14 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
         self.device_samples = [len(p) for p in parts]  # the claim each device's registration is checked against
         self.cluster_samples = {e: sum(self.device_samples[topology.device_index(d)]
                                        for d in topology.edge_members(self.cfg, topology.edge_index(e))) for e in self.edges}
-        if plans.ALGORITHMS.get(self.cfg.run.algorithm).relay:
-            self.fusion = FusionCenter(self.cfg, self.dim, self.run_dir)
-        if plans.ALGORITHMS.get(self.cfg.run.algorithm).medium:
-            from .medium import Medium
-
-            self.medium = Medium(self.cfg, self.run_dir, self.dim, self.refusals)
+        self.mode = modes.build(self.cfg, "cloud", CloudPorts(self.cfg, self.run_dir, self.dim, self._expected_edges,
+                                                              self._drop_edges, self._slot_timeout(), self.refusals))
         self.first_round, self.rows = 0, []
         self.startup_seconds: float | None = None
         if self.resume:
-            self._load_checkpoint()
+            self._resume()
             self.round = self.first_round  # edges may submit this round as soon as they reconnect
-            self._load_pending(self.round)
+            self.results = self.store.load_pending(self.round, self.run_id)
         self.spec_json = json.dumps({"config": config_mod.to_dict(self.cfg), "model_dim": self.dim,
                                      "samples": self.device_samples})
         log.info("model %s: %d parameters; %d test samples; run %s", self.cfg.model.name, self.dim, len(self.test), self.run_id)
@@ -196,59 +166,24 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
         return pb.RegisterReply(run_id=self.run_id, spec_json=self.spec_json, cluster_id="cloud", members=self.edges,
                                 session_token=token, round=self.round if self.started else -1)
 
-    async def Presence(self, request: pb.PresenceRequest, context) -> None:
-        try:
-            token = self._authenticate(context, request.node_id)
-        except wire.WireError as exc:
-            await refuse(context, self.refusals, exc)
-        await hold_presence(context, self.live, request.node_id, token, self.round, self.stop)
-
-    async def FetchRound(self, request: pb.FetchRequest, context):
-        try:
-            self._authenticate(context, request.node_id)
-        except wire.WireError as exc:
-            await refuse(context, self.refusals, exc)
-        self._mark_ready(request.node_id)
-        round_, chunks, size = await self.board.wait_after(request.after_round, request.after_attempt)
-        for chunk in chunks:
-            yield chunk
-        self.bytes_down += size
-        await self.board.mark_fetched(round_, request.node_id)
+    def fetching(self, node: str) -> None:
+        self._mark_ready(node)
 
     async def Air(self, request_iterator, context):
         """The wireless medium: one edge's emissions for an air slot in, what its devices receive out."""
         try:
             if self.spec_json is None:
                 raise wire.WireError(grpc.StatusCode.UNAVAILABLE, "the cloud is starting", "not_ready")
-            if self.medium is None:
-                raise wire.WireError(grpc.StatusCode.FAILED_PRECONDITION,
-                                     f"{self.cfg.run.algorithm} does not run on the wireless medium", "no_medium")
             envelope, size = await wire.read_envelope(request_iterator, self.max_bytes)
             validate.check_meta(envelope.meta, self.cfg.run.rounds, len(self.plan) or 1)
             self._authenticate(context, envelope.meta.sender_id)
             if envelope.meta.run_id != self.run_id:
                 raise wire.WireError(grpc.StatusCode.FAILED_PRECONDITION,
                                      f"air slot for run {validate.short(envelope.meta.run_id)}", "wrong_run")
-            try:
-                emission = self.medium.parse(envelope, self.round, self.plan)
-            except wire.WireError as exc:  # an authenticated edge with nothing valid for this slot: do not wait for it
-                if exc.reason != "replay" and envelope.meta.round == self.round:
-                    self.medium.refused(envelope.meta.sender_id, self.round, envelope.meta.step, self._air_timeout())
-                raise
+            reply = await self.mode.air(envelope.meta.sender_id, envelope, self.round, self.plan)
         except wire.WireError as exc:
             await refuse(context, self.refusals, exc)
-        node = envelope.meta.sender_id
         self.bytes_up += size
-
-        def expected() -> list[str]:
-            return [e for e in self.edges if e not in self.live.absent and (self.live.sessions.has(e) or e in self.live.lost)]
-
-        def drop(edges) -> None:  # silent in a slot: not waited for again this round (back when it submits)
-            self.live.absent |= set(edges)
-            self.live.poke()
-
-        reply = await self.medium.air(node, emission, self.round, envelope.meta.step, self.plan, expected,
-                                      self._air_timeout(), drop)
         if reply is None:  # not a retryable code: the edge must not take it for a lost cloud
             await context.abort(grpc.StatusCode.ABORTED, "the medium failed on this slot (see the cloud's log)")
         payload = reply.SerializeToString()
@@ -256,8 +191,18 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
             yield chunk
         self.bytes_down += len(payload)
 
-    def _air_timeout(self) -> float:
-        """How long an air slot waits for a missing edge: longer than an edge's own barrier can take (its phase
+    def _expected_edges(self) -> list[str]:
+        """The edges still worth waiting for in a shared slot: live or within their grace, not given up."""
+        return [e for e in self.edges if e not in self.live.absent and (self.live.sessions.has(e) or e in self.live.lost)]
+
+    def _drop_edges(self, edges) -> None:
+        """Silent in a slot: not waited for again this round, expected again from the next (issue 24, finding 5)."""
+        self.live.absent |= set(edges)
+        self.slot_dropped |= set(edges)
+        self.live.poke()
+
+    def _slot_timeout(self) -> float:
+        """How long a shared slot waits for a missing edge: longer than an edge's own barrier can take (its phase
         timeout, or a lost member's grace), so that an edge still waiting on its devices is not left behind."""
         return self.cfg.net.phase_timeout_s + self.cfg.net.rejoin_grace_s + 10.0
 
@@ -281,25 +226,13 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
                                  "replay")
         validate.check_count(meta.num_devices, "num_devices", 0, self.cfg.topology.devices_per_edge)
         validate.check_count(meta.num_samples, "num_samples", 0, self.cluster_samples[meta.sender_id])
-        idx = topology.edge_index(meta.sender_id)
-        fused: list = []
-        if self.fusion is not None:
-            delta, weight, fused = self.fusion.fuse(meta.sender_id, envelope, self.round, 1 << 16)
-        elif self.medium is not None:  # the round's model comes from the medium
-            if envelope.tensors:
-                raise wire.WireError(grpc.StatusCode.INVALID_ARGUMENT, "on the wireless medium an edge submits no "
-                                     "model: the medium holds the round's models", "bad_tensors")
-            delta = np.zeros(0, np.float32)
-        else:
-            delta, _ = self.backhaul.receive(wire.single_tensor(envelope, "delta"), self.dim, self.cfg.run.seed, idx,
-                                             self.round, meta.step)
         scalars = validate.check_scalars(envelope.scalars, meta.sender_id)
-        records = on_wire.from_transforms(meta.transforms, allowed=set(topology.edge_members(self.cfg, idx)))
-        if self.policy is not None:
-            self.policy.check_events(self.round, meta.sender_id, records)
-        if self.fusion is not None:
-            scalars[FUSION_WEIGHT] = weight
-        return EdgeResult(delta, meta.num_devices, meta.num_samples, scalars, list(meta.transforms), fused)
+        members = topology.edge_members(self.cfg, topology.edge_index(meta.sender_id))
+        records = on_wire.from_transforms(meta.transforms, allowed=set(members))
+        accepted = self.mode.accept(meta.sender_id, envelope, self.round, records)
+        scalars.update(accepted.scalars)
+        return EdgeResult(accepted.delta, meta.num_devices, meta.num_samples, scalars, list(meta.transforms),
+                          accepted.fused)
 
     async def Submit(self, request_iterator, context) -> pb.Ack:
         try:
@@ -319,7 +252,8 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
         # the round and delete its pending folder under the executor thread still writing there.
         self.persisting.add(node)
         try:
-            await asyncio.get_running_loop().run_in_executor(None, self._persist, self.round, node, result)
+            await asyncio.get_running_loop().run_in_executor(None, self.store.persist, self.round, node, result,
+                                                             self.run_id)
         except BaseException:
             self.results.pop(node, None)  # never acknowledged: never used
             raise
@@ -330,72 +264,17 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
         self._mark_ready(node)
         return pb.Ack(accepted=True, detail=f"round {self.round} from {node}")
 
-    def _pending(self, round_: int) -> pathlib.Path:
-        return self.run_dir / "pending" / f"round-{round_:06d}"
-
-    def _persist(self, round_: int, node: str, result: EdgeResult) -> None:
-        """Write an accepted edge result durably before the edge is told it was accepted."""
-        folder = self._pending(round_)
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f"{node}.tmp.npz"
-        with open(tmp, "wb") as fh:
-            np.savez(fh, delta=result.delta, devices=result.devices, samples=result.samples,
-                     scalars=json.dumps(result.scalars), run_id=self.run_id, fused=json.dumps(result.fused),
-                     transforms=np.frombuffer(pb.Meta(transforms=result.transforms).SerializeToString(), np.uint8))
-            fh.flush()
-            os.fsync(fh.fileno())
-        tmp.replace(folder / f"{node}.npz")
-
-    def _load_pending(self, round_: int) -> None:
-        for path in sorted(self._pending(round_).glob("edge-*.npz")) if self._pending(round_).exists() else []:
-            if path.name.endswith(".tmp.npz"):
-                continue
-            try:
-                with np.load(path) as f:
-                    if str(f["run_id"]) != self.run_id:
-                        continue
-                    meta = pb.Meta.FromString(f["transforms"].tobytes())
-                    on_wire.from_transforms(meta.transforms)  # the DP events must still parse
-                    result = EdgeResult(f["delta"], int(f["devices"]), int(f["samples"]),
-                                        json.loads(str(f["scalars"])), list(meta.transforms),
-                                        json.loads(str(f["fused"])))
-                if not np.isfinite(result.delta).all():
-                    raise ValueError("non-finite delta")
-            except Exception as exc:  # noqa: BLE001 - a bad file costs its edge's result, never the resume
-                log.error("--resume: discarding %s (%s): %s's result for round %d counts only if it submits again",
-                          path, exc, path.stem, round_)
-                path.unlink(missing_ok=True)
-                continue
-            self.results[path.stem] = result
-        if self.results:
-            log.info("resumed round %d with the results already accepted from %s", round_, sorted(self.results))
-
-    def _load_checkpoint(self) -> None:
-        path = self.run_dir / "checkpoint.npz"
-        if not path.exists():
-            raise RuntimeError(f"--resume: {path} does not exist (nothing to resume)")
-        with np.load(path) as ckpt:
-            self.run_id = str(ckpt["run_id"])
-            last = int(ckpt["round"])
-            self.w = ckpt["weights"].astype(np.float32)
-            stats = json.loads(str(ckpt["row"])) if "row" in ckpt.files else None
-        if self.w.shape != (self.dim,):
-            raise RuntimeError(f"--resume: checkpoint holds {self.w.shape[0]} weights, the model has {self.dim}")
-        rows = [r for r in metrics.read_jsonl(self.run_dir / "metrics.jsonl") if r["round"] <= last]
-        if (not rows or rows[-1]["round"] < last) and stats is not None:
-            stats.update(self._evaluate(last))
-            rows.append(stats)
-        metrics.write_jsonl(self.run_dir / "metrics.jsonl", rows)
-        ledger = self.run_dir / "privacy_ledger.jsonl"
-        if ledger.exists():
-            metrics.write_jsonl(ledger, lines_to_keep(metrics.read_jsonl(ledger), last, self.cfg.privacy.noise_source))
-        fused = self.run_dir / "fusion.jsonl"
-        if fused.exists():  # relay algorithms: rounds past the checkpoint are fused again
-            metrics.write_jsonl(fused, [r for r in metrics.read_jsonl(fused) if r["round"] <= last])
-        if (self.run_dir / "privacy.json").exists():
-            self.claims = json.loads((self.run_dir / "privacy.json").read_text())["trust"]
-        self.rows, self.first_round = rows, last + 1
-        log.info("resuming run %s after round %d (%d metrics rows kept)", self.run_id, last, len(rows))
+    def _resume(self) -> None:
+        """Continue from the checkpoint: its model and run id, the metrics rows up to it, the logs cut to it."""
+        saved = self.store.load_checkpoint(self.dim)
+        self.run_id, self.w, self.claims = saved.run_id, saved.w, saved.claims
+        rows = self.store.metrics_up_to(saved.last)
+        if (not rows or rows[-1]["round"] < saved.last) and saved.stats is not None:
+            saved.stats.update(self._evaluate(saved.last))
+            rows.append(saved.stats)
+        self.store.cut_logs(saved.last, rows, self.cfg.privacy.noise_source)
+        self.rows, self.first_round = rows, saved.last + 1
+        log.info("resuming run %s after round %d (%d metrics rows kept)", self.run_id, saved.last, len(rows))
 
     # ---- the run ----------------------------------------------------------------------------
     async def run(self) -> int:
@@ -409,43 +288,37 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
         if self.resume:
             self.started = True  # edges come back with rejoin; the round barrier gives each its grace period
         else:
-            log.info("waiting for %d edges", len(self.edges))
-            try:
-                await asyncio.wait_for(self.joined.wait(), cfg.net.join_timeout_s)
-            except asyncio.TimeoutError:
-                pass
+            await self._await_edges(cfg.net.join_timeout_s)
             if not self.ready:
-                raise RuntimeError(f"no edge joined within {cfg.net.join_timeout_s}s")
+                raise RuntimeError(f"no edge joined within net.join_timeout_s = {cfg.net.join_timeout_s}s (edges that "
+                                   "registered and went away are named in the log above)")
             self.started = True
             missing = set(self.edges) - self.ready
             self.live.absent |= missing
             if missing:
                 log.warning("starting without edges %s (they may still rejoin)", sorted(missing))
         schedule = RoundSchedule(cfg, self.dim, self.rows)  # the plan of each round; virtual_seconds
-        if plans.is_private(cfg):
-            self.policy = PrivacyPolicy(cfg, self.edges, self.device_samples, self.run_dir, self.claims,
-                                        [p.numel() for p in self.model.parameters()])
-            metrics.write_json(self.run_dir / "privacy.json", self.policy.describe())
-            log.info("privacy: %s calibration, trust %s", cfg.privacy.calibration, self.policy.levels)
-        self.controller = controller_mod.build(cfg, self.policy, self.dim, self.device_samples, self.rows)
+        self.mode = wrap(self.mode, cfg, self.run_dir, self.edges, self.device_samples, self.claims,
+                         [p.numel() for p in self.model.parameters()], self.rows)
         rows = self.rows
         self.clock = CloudClock(cfg, rows)
         started = time.monotonic() - (rows[-1]["wall_seconds"] if rows else 0.0)
-        cloud_weights = plans.weights_rule(cfg, "cloud")
         pending = None
         for r in range(self.first_round, cfg.run.rounds):
             round_started = time.monotonic()
             if not (self.resume and r == self.first_round):  # a resumed round keeps what was accepted already
                 self.round = r
                 self.results = {}
-            if self.medium is not None:  # an edge a slot went on without is waited for again from the next round
-                self.live.absent -= {e for e in self.medium.take_dropped() if self.live.sessions.has(e)}
-            decision = self.controller.decide(r) if self.controller is not None else None
-            clusters = self._cluster_plans(r, decision)
-            if clusters is None:
+            self.live.absent -= {e for e in self.slot_dropped if self.live.sessions.has(e)}
+            self.slot_dropped.clear()
+            decision = self.mode.decide(r)
+            try:
+                clusters = self.mode.cluster_plans(r, decision)
+            except RoundRefused as exc:
+                self.stop_reason = str(exc)
                 break
             tensor = self.downlink.send(self.w, "model", cfg.run.seed, 0, r, -1)[0]
-            plan = plans.build_plan(decision.cfg) if decision is not None else schedule.plan(r)
+            plan = self.mode.plan(r, decision, schedule)
             self.plan = list(plan)
             task = pb.RoundTask(round=r, phases=plan, clusters=clusters)
             await self.board.publish(r, pb.Envelope(meta=pb.Meta(run_id=self.run_id, round=r, sender_id="cloud"),
@@ -453,30 +326,20 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
             if self.startup_seconds is None:
                 self.startup_seconds = launch_to_now()
             await self._await_results(r, cfg.net.phase_timeout_s * (len(plan) + 1))
-            self.w, rejected = self._aggregate(cloud_weights) if self.medium is None else self._medium_model(r)
+            rejected = self._install(r, self.mode.model(r, self.results, self.w))
             stats = self._round_stats(r, started, round_started)
-            stats["aggregate_rejected"] = rejected
+            stats["aggregate_rejected"] = bool(rejected)
+            if rejected:
+                stats["aggregate_rejected_reason"] = rejected
             stats.update(self.clock.round(self.results, self.board.size))
             stats.update(schedule.record(stats))
-            if self.policy is not None:
-                stats.update(self.policy.record(r, {e: res.transforms for e, res in self.results.items()}))
-                metrics.write_json(self.run_dir / "privacy.json", self.policy.describe())
-            if decision is not None:  # the controller's choice for this round and what it measured
-                stats.update(decision.columns)
-                self.controller.observe(r, self.results, stats)
-            if self.medium is not None:
-                stats.update(self.medium.round_columns(r, self.round_models))
-            if self.fusion is not None:
-                stats.update(self.fusion.round_stats(r))
-                self.fusion.log([row for e in sorted(self.results) for row in self.results[e].fused])
+            self.mode.columns(r, self.results, stats)
             # Round r's evaluation overlaps round r + 1 (it runs on its own thread); its row is written
             # before the next checkpoint, so a checkpoint of round k always has the rows before k on disk.
             if pending is not None:
                 await self._write_row(*pending, rows, metrics_path)
-            self._checkpoint(r, stats)
-            shutil.rmtree(self._pending(r), ignore_errors=True)
-            extra = {k: v for k, v in self.round_models.items() if k in ("reference", "device_mean")}
-            pending = (stats, loop.run_in_executor(executor, self._evaluate, r, self.w.copy(), extra))
+            self.store.checkpoint(r, self.w, self.cfg.model.name, self.run_id, stats)
+            pending = (stats, loop.run_in_executor(executor, self._evaluate, r, self.w.copy(), self.mode.evaluated(r)))
             await asyncio.sleep(self.clock.lag(time.monotonic() - started))  # clock.pace
             if not self.results and not any(self.live.sessions.has(e) for e in self.edges):
                 log.error("every edge is gone; stopping")
@@ -488,25 +351,25 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
         executor.shutdown(wait=False)
         return 0 if self.stop_reason or any(r["edges"] for r in rows[-1:]) else 1
 
-    def _cluster_plans(self, r: int, decision=None) -> dict[str, pb.ClusterPlan] | None:
-        """Round r's per-cluster plan (trust, noise, participants), or None when the privacy budget forbids it."""
-        if self.fusion is not None:
-            return self.fusion.cluster_plans(r)
-        if self.policy is None:
-            if not self.cfg.train.participants:
-                return {}
-            from hfl.common.privacy.trust import sample_participants
-
-            return {e: pb.ClusterPlan(participants=sample_participants(
-                topology.edge_members(self.cfg, topology.edge_index(e)), self.cfg.train.participants,
-                numpy_rng(self.cfg.run.seed, "cloud", 0, r, "participants", e))) for e in self.edges}
-        participants = self.policy.participants(r, decision.participants if decision is not None else None)
-        reason = self.policy.refuse_round(r, participants)
-        if reason:
-            log.warning("privacy budget: %s", reason)
-            self.stop_reason = reason
-            return None
-        return self.policy.cluster_plans(r, participants, decision.cfg if decision is not None else None)
+    async def _await_edges(self, timeout: float, every_s: float = 30.0) -> None:
+        """Wait for every edge to fetch its first round, saying every `every_s` which are missing; an edge that
+        registered and then went away (its process exited) is not waited for past its grace period."""
+        log.info("waiting for %d edges (net.join_timeout_s = %.0f)", len(self.edges), timeout)
+        start = time.monotonic()
+        deadline, note = start + timeout, start + every_s
+        while not self.joined.is_set():
+            for node in sorted(self.live.expire()):
+                log.warning("%s registered, then went away for %.0fs before the run started; not waiting for it",
+                            node, self.live.grace_s)
+            missing = set(self.edges) - self.ready - self.live.absent
+            now = time.monotonic()
+            if not missing or now >= deadline:
+                return
+            if now >= note:
+                log.info("waiting for edges %s (%d of %d ready, %.0fs left of net.join_timeout_s)", sorted(missing),
+                         len(self.ready), len(self.edges), deadline - now)
+                note += every_s
+            await self.live.wait(min(deadline, note))
 
     async def _await_results(self, r: int, timeout: float) -> None:
         """Wait for every expected edge; a lost edge gets its grace period, a silent one `timeout`."""
@@ -535,31 +398,18 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
         metrics.append_jsonl(path, row)
         log.info("round %d: accuracy %s loss %s (%.2fs)", row["round"], row["accuracy"], row["loss"], row["round_seconds"])
 
-    def _checkpoint(self, r: int, stats: dict) -> None:
-        """The global model after round r (and the round's counters), replaced atomically and fsynced."""
-        tmp = self.run_dir / "checkpoint.tmp.npz"
-        with open(tmp, "wb") as fh:
-            np.savez(fh, round=r, weights=self.w, model=self.cfg.model.name, run_id=self.run_id,
-                     row=json.dumps(metrics.clean(stats)))
-            fh.flush()
-            os.fsync(fh.fileno())
-        tmp.replace(self.run_dir / "checkpoint.npz")
-
-    def _aggregate(self, rule: str) -> tuple[np.ndarray, bool]:
-        names = sorted(n for n, res in self.results.items() if res.devices > 0)  # arrival order must not matter
-        if not names:
-            return self.w, False
-        weights = [CLOUD_WEIGHTS[rule](self.results[n]) for n in names]
-        # w_{t+1} = w_t + sum_l (N_l / N) delta_l  (or sample counts, or 1 / L each), in float64
-        step = robust.aggregate(self.cfg.pipeline.aggregate, self.cfg.pipeline.params,
-                                [self.results[n].delta for n in names], weights)
-        new = (self.w.astype(np.float64) + step).astype(np.float32)
-        if not np.isfinite(new).all():
+    def _install(self, r: int, new: np.ndarray | None) -> str:
+        """Make `new` the global model unless it must be refused (non-finite or exploding: the previous model is kept
+        and the round says why); None keeps the previous model without a refusal (nothing was aggregated)."""
+        if new is None:
+            return ""
+        reason = robust.refuse_install(new, self.w, self.cfg.aggregation.max_update_ratio)
+        if reason:
             self.rejected_aggregates += 1
-            log.error("round %d: the aggregate has %d non-finite values; keeping the previous global model", self.round,
-                      int((~np.isfinite(new)).sum()))
-            return self.w, True
-        return new, False
+            log.error("round %d: refusing the aggregate (%s); keeping the previous global model", r, reason)
+            return reason
+        self.w = new
+        return ""
 
     def _evaluate(self, r: int, w: np.ndarray | None = None, extra: dict | None = None) -> dict:
         """The global model's test accuracy and loss; `extra` models (name -> weights) add accuracy_<name>."""
@@ -575,18 +425,6 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
         row["eval_seconds"] = time.monotonic() - started
         return row
 
-    def _medium_model(self, r: int) -> tuple[np.ndarray, bool]:
-        """On the wireless medium the round's model is the ideal global model the medium saw (eq. 11)."""
-        self.round_models = self.medium.take_models(r)
-        ideal = self.round_models.get("ideal")
-        if ideal is None:
-            log.warning("round %d: the medium saw no model transmission; keeping the previous global model", r)
-            return self.w, False
-        if not np.isfinite(ideal).all():
-            self.rejected_aggregates += 1
-            return self.w, True
-        return ideal.astype(np.float32), False
-
     def _round_stats(self, r: int, started: float, round_started: float) -> dict:
         res = self.results.values()
         train = [(x.scalars["train_loss"], x.devices) for x in res if "train_loss" in x.scalars and x.devices]
@@ -595,7 +433,6 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
             "bytes_down": int(self.bytes_down + sum(x.scalars.get("bytes_down", 0) for x in res)),
             "refused": int(self.refusals.take() + sum(x.scalars.get("refused", 0) for x in res)),
             "dropped_devices": int(sum(x.scalars.get("dropped", 0) for x in res)),
-            **({"air_dropped": int(sum(x.scalars.get("air_dropped", 0) for x in res))} if self.medium else {}),
             "rejoined_devices": int(sum(x.scalars.get("rejoined", 0) for x in res)),
             "round_restarts": int(sum(x.scalars.get("restarts", 0) for x in res)),
             "edges": len(self.results),
@@ -660,37 +497,12 @@ class CloudServer(pbg.CloudServiceServicer, Guarded):
             "tau_gamma": self.tau_gamma,
         }
         summary.update(self.clock.summary())
-        if self.controller is not None:
-            summary["control"] = self.controller.describe()
-        if self.medium is not None:
-            summary["medium"] = self.medium.describe()
-            for name in ("reference", "device_mean"):  # the paper reports the reference device (Theorem 1)
-                values = [r.get(f"accuracy_{name}") for r in evaluated if r.get(f"accuracy_{name}") is not None]
-                summary[f"final_accuracy_{name}"] = values[-1] if values else None
-        if self.fusion is not None:
-            summary["fusion"] = self.fusion.describe()
-            if "epsilon" in summary["fusion"]:
-                summary["epsilon"] = summary["fusion"]["epsilon"]
-            claims = [r["epsilon_claimed"] for r in rows if r.get("epsilon_claimed") is not None]
-            if claims:
-                summary["epsilon_claimed"] = max(claims)
-        if self.policy is not None:
-            summary["privacy"] = self.policy.describe()
-            summary["epsilon"] = summary["privacy"]["epsilon_max"]
-            summary["budget_exceeded"] = summary["privacy"]["budget_exceeded"]
-            summary["epsilon_over_budget"] = summary["privacy"]["epsilon_over_budget"]
-            if summary["privacy"]["guarantee"]:
-                summary["privacy_caveats"] = summary["privacy"]["guarantee"]
-            if self.policy.claimed() is not None:
-                summary["epsilon_claimed"] = self.policy.claimed()
+        summary.update(self.mode.describe(rows))
         metrics.write_json(self.run_dir / "summary.json", summary)
         title = f"{self.cfg.run.algorithm} on {self.cfg.data.dataset} ({self.cfg.num_devices} devices, {len(self.edges)} edges)"
         try:
             metrics.plot_accuracy(rows, self.run_dir / "accuracy.png", title)
-            if self.policy is not None:
-                metrics.plot_privacy(rows, self.run_dir / "privacy.png", f"{self.cfg.run.algorithm}: privacy spent "
-                                     f"({self.cfg.privacy.calibration} calibration)", self.cfg.privacy.epsilon,
-                                     self.policy.claimed())
+            self.mode.plots(rows, title)
         except Exception:  # a plot must never cost the results
             log.exception("could not draw the accuracy plot")
         log.info("finished: final accuracy %s after %d rounds in %.1fs", summary["final_accuracy"], len(rows),

@@ -93,6 +93,9 @@ class AggregationSection:
     edge_weights: str = choice("auto", ("auto", "samples", "devices"), "edge averaging weights; auto = the algorithm's paper")
     cloud_weights: str = choice("auto", ("auto", "samples", "devices", "equal"),
                                 "cloud averaging weights (equal: 1/N per edge); auto = the algorithm's paper")
+    max_update_ratio: float = doc(1e4, "the cloud refuses a round whose model moves by more than this times "
+                                  "max(1, ||w||) (the previous model is kept; 0 = only non-finite models are refused)",
+                                  min=0)
 
 
 @dataclass(frozen=True)
@@ -345,26 +348,16 @@ def validate_cross(config: Config) -> None:
         plans.build_plan(config)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    if algorithm.medium != (config.channel.model != "ideal"):
-        medium = [n for n in plans.ALGORITHMS if plans.ALGORITHMS.get(n).medium]
-        raise ConfigError(f"channel.model = {config.channel.model!r}: " + (
-            f"{algorithm.name} runs on the wireless medium; set channel.model = ota or orthogonal" if algorithm.medium
-            else f"only {', '.join(medium)} run on the wireless medium; {algorithm.name} needs channel.model = ideal"))
-    if algorithm.medium:
-        if config.train.participants:
-            raise ConfigError(f"train.participants: {algorithm.name} decides who transmits by the channel (th1); "
-                              "leave it 0")
-        pipe, default = config.pipeline, PipelineSection()
-        for key in ("clip", "device_noise", "uplink_encoding", "uplink_channel", "aggregate"):
-            if getattr(pipe, key) != getattr(default, key):
-                raise ConfigError(f"pipeline.{key} = {getattr(pipe, key)!r}: {algorithm.name}'s uploads are analog "
-                                  f"over the air, the medium aggregates them; leave it {getattr(default, key)!r}")
-        from hfl.common.channel.plane import plane_for
+    from hfl.common.modes import MODES
 
-        try:
-            plane_for(config)
-        except ValueError as exc:
-            raise ConfigError(f"channel.window_radius / channel.lambda_p: {exc}") from None
+    mode = MODES.get(algorithm.mode)
+    if config.channel.model not in mode.channel_models:
+        raise ConfigError(f"channel.model = {config.channel.model!r}: {algorithm.name} runs in {mode.name} mode, which "
+                          f"needs channel.model = {' or '.join(mode.channel_models)}")
+    if mode.name == "air":
+        from hfl.common.channel.config import validate_air_mode
+
+        validate_air_mode(config, algorithm, PipelineSection())
 
 
 HOP_SECTIONS = ("uplink_encoding", "backhaul_encoding", "downlink_encoding")

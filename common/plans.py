@@ -23,6 +23,7 @@ PHASE_KINDS = (LOCAL_SGD, LOCAL_DP_SGD, EDGE_GRADIENT_STEP, EDGE_MODEL_SYNC, CLO
 LOCAL_PHASES = (LOCAL_SGD, LOCAL_DP_SGD)
 AIR_PHASES = (AIR_GRADIENT_STEP, AIR_MODEL_SYNC)
 DEVICE_UPLOAD_PHASES = (EDGE_GRADIENT_STEP, EDGE_MODEL_SYNC) + AIR_PHASES
+ESTIMATE_BETA = "estimate_beta"  # a local_sgd param: 1 = also report a smoothness estimate from this window
 
 
 @dataclass(frozen=True)
@@ -36,13 +37,12 @@ class Algorithm:
     #                     | "sample" (DP-SGD on every device)
     trust: str = ""     # a level forced on every edge by the algorithm (HFL-DP: "untrusted")
     max_edges: int = 0  # star topologies: the algorithm needs exactly one cluster
-    relay: bool = False  # edges forward each device's upload unchanged; the cloud fuses them (paper 004, digest P13)
+    mode: str = "digital"  # common.modes.MODES: digital, relay (edges forward each device upload unchanged, the
+    #                        cloud fuses them: paper 004, digest P13) or air (the cloud's wireless medium: paper 003)
     codecs: tuple[str, ...] = ()  # relay: the uplink codecs the algorithm is defined with (the first is suggested)
     fusion: str = ""     # relay: the cloud's fusion rule when precision.fusion = "auto" (quantization.fusion)
     clusters: str = ""   # relay: cluster sizes per round when precision.cluster_mode = "auto"
     noise: str = ""      # a privacy.mechanism forced by the algorithm (the -wav variants: "wavelet")
-    medium: bool = False  # runs on the wireless medium (channel.model ota / orthogonal): devices keep their own
-    #                       estimates across rounds, the cloud's model is the medium's ideal one
 
 
 ALGORITHMS: Registry = Registry("algorithm")
@@ -180,7 +180,7 @@ for _name, _codecs, _fusion, _clusters, _ref in (
         ("dpsq-fl-fwo-cso", ("dpsq",), "fwo", "cso", "paper 004, Algorithm 1 + FWO + CSO (eq. 27)"),
         ("laplacesq-fl", ("laplace-sq",), "fedhq", "random",
          "paper 004 baseline LaplaceSQ-FL (FedHQ-like weights; absolute numbers not reproducible, digest P4)")):
-    ALGORITHMS.register(_name, Algorithm(_name, quantized_fl, "devices", "fusion", _ref, relay=True, codecs=_codecs,
+    ALGORITHMS.register(_name, Algorithm(_name, quantized_fl, "devices", "fusion", _ref, mode="relay", codecs=_codecs,
                                          fusion=_fusion, clusters=_clusters))
 
 
@@ -210,11 +210,11 @@ def fedsgd(cfg) -> list[pb.Phase]:
 
 
 ALGORITHMS.register("multiairfed", Algorithm("multiairfed", multiairfed, "devices", "devices",
-                                             "paper 003, Algorithm 1 (MultiAirFed)", medium=True))
+                                             "paper 003, Algorithm 1 (MultiAirFed)", mode="air"))
 ALGORITHMS.register("hierfed-ota", Algorithm("hierfed-ota", hierfed_ota, "devices", "devices",
-                                             "paper 003 baseline HierFed (model averaging at both levels)", medium=True))
+                                             "paper 003 baseline HierFed (model averaging at both levels)", mode="air"))
 ALGORITHMS.register("fedsgd", Algorithm("fedsgd", fedsgd, "devices", "devices",
-                                        "paper 003 baseline FedSGD (McMahan et al. 2017)", medium=True))
+                                        "paper 003 baseline FedSGD (McMahan et al. 2017)", mode="air"))
 
 
 def build_plan(cfg) -> list[pb.Phase]:

@@ -54,3 +54,16 @@ def aggregate(name: str, params: Mapping[str, Mapping[str, float]], vectors: Seq
               weights: Sequence[float]) -> np.ndarray:
     """Apply the rule `name` with its `[pipeline.params.NAME]` parameters."""
     return AGGREGATORS.get(name)(vectors, weights, **dict(params.get(name, {})))
+
+
+def refuse_install(new: np.ndarray, old: np.ndarray, max_ratio: float) -> str:
+    """Why the cloud must not install `new` as the global model ("" if it may): a non-finite model, or one that moved
+    by more than max_ratio * max(1, ||old||) (the last line of defence against an exploding aggregate)."""
+    if not np.isfinite(new).all():
+        return f"{int((~np.isfinite(new)).sum())} non-finite values"
+    if max_ratio > 0:
+        moved = float(np.linalg.norm(new.astype(np.float64) - old))
+        limit = max_ratio * max(1.0, float(np.linalg.norm(old.astype(np.float64))))
+        if not moved <= limit:
+            return f"the model moved by {moved:.3g}, over {limit:.3g} (aggregation.max_update_ratio)"
+    return ""

@@ -103,6 +103,35 @@ class Guarded:
                                                             "malformed request: not a valid message", "malformed"))
 
 
+class Gate(Guarded):
+    """The prologue cloud and edge share: presence streams and round fetches of authenticated nodes.
+
+    A server provides `_authenticate(context, node) -> token` (raises WireError), `live`, `board`, `round`, `stop`,
+    `refusals` and `bytes_down`; `fetching(node)` is its hook on every fetch."""
+
+    async def Presence(self, request, context) -> None:
+        try:
+            token = self._authenticate(context, request.node_id)
+        except wire.WireError as exc:
+            await refuse(context, self.refusals, exc)
+        await hold_presence(context, self.live, request.node_id, token, self.round, self.stop)
+
+    async def FetchRound(self, request, context):
+        try:
+            self._authenticate(context, request.node_id)
+        except wire.WireError as exc:
+            await refuse(context, self.refusals, exc)
+        self.fetching(request.node_id)
+        round_, chunks, size = await self.board.wait_after(request.after_round, request.after_attempt)
+        for chunk in chunks:
+            yield chunk
+        self.bytes_down += size
+        await self.board.mark_fetched(round_, request.node_id)
+
+    def fetching(self, node: str) -> None:
+        """A node asks for its next round (the cloud counts an edge ready)."""
+
+
 class Liveness:
     """Which nodes below a server hold a live session, which were lost mid-round and since when, and
     which are absent (lost for longer than the grace period: not waited for until they register again).

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import hashlib
 import json
 import logging
 import time
@@ -15,7 +14,7 @@ import numpy as np
 import torch
 
 from hfl.common import config as config_mod
-from hfl.common import plans, relay_tag, rpc, session, topology, wire
+from hfl.common import modes, plans, rpc, session, topology, wire
 from hfl.common.data import load_dataset
 from hfl.common.models import build, num_parameters
 from hfl.common.partition import partition
@@ -27,6 +26,7 @@ from hfl.common.upstream import Upstream
 from hfl.proto import hfl_v1_pb2 as pb
 from hfl.proto import hfl_v1_pb2_grpc as pbg
 
+from .modes import DevicePorts
 from .training import Shard, local_dp_sgd, local_sgd, make_shard, minibatch_gradient, smoothness
 
 log = logging.getLogger("hfl.devices")
@@ -73,14 +73,9 @@ class Device:
         self.link = link
         self.uplink = Link.device_uplink(cfg)
         self.downlink = Link.from_config(cfg.pipeline, "downlink")
-        self.relay = plans.ALGORITHMS.get(cfg.run.algorithm).relay
         # a private device sends nothing computed on its data without noise (no training loss, no error statistics)
-        self.private = bool(plans.ALGORITHMS.get(cfg.run.algorithm).privacy) or \
-            getattr(wire.CODECS.get(cfg.pipeline.uplink_encoding), "private", False)
+        self.private = on_wire.device_is_private(cfg)
         self.dp_source = cfg.privacy.noise_source
-        secret = relay_tag.secret_from_env()
-        self.relay_key = relay_tag.device_key(secret, node_id) if secret else None
-        self.report_beta = cfg.control.controller != "none" and cfg.control.beta < 0  # H2FDP(ctrl) estimates beta
         self.chunk_bytes = cfg.net.chunk_kib * 1024
         self.max_bytes = cfg.net.max_message_mb << 20
         self.rounds_done = 0
@@ -88,13 +83,8 @@ class Device:
         self.diverged = 0  # rounds whose local training ended non-finite (sat out, nothing sent)
         self.reconnects = 0
         self.rejoin = False  # the first registration is a plain one unless the run is already under way
-        self.medium = plans.ALGORITHMS.get(cfg.run.algorithm).medium
-        self.plane = None
-        if self.medium:
-            from hfl.common.channel.plane import plane_for
-
-            self.plane = plane_for(cfg)
-        self.own_w: np.ndarray | None = None  # on the medium: this device's own estimate of the global model
+        self.mode = modes.build(cfg, "device", DevicePorts(cfg, node_id, run_id, self.index, dim, shard, trainer.run,
+                                                           self._exchange, self._gen))
 
     def _gen(self, round_: int, step: int) -> torch.Generator:
         return torch_generator(self.cfg.run.seed, "device", self.index, round_, step, "batches")
@@ -117,13 +107,7 @@ class Device:
                 encode: dict | None = None) -> pb.Envelope:
         tensor, transforms = self.uplink.send(vec, name, self.cfg.run.seed, self.index, task.round, step,
                                               {"encode": encode} if encode else None)
-        if self.relay:  # what the cloud must receive unchanged (the relay test compares these)
-            log.info("%s round %d: %s %d bytes sha256=%s", self.id, task.round, name, len(tensor.data),
-                     hashlib.sha256(tensor.data).hexdigest())
-        transforms = list(transforms) + [on_wire.to_transform(r) for r in dp]
-        if self.relay and self.relay_key is not None:  # the cloud checks it; the relaying edge cannot forge it
-            transforms.append(pb.Transform(stage=relay_tag.STAGE, tier="device", name=relay_tag.tag(
-                self.relay_key, self.run_id, task.round, task.attempt, self.id, tensor.data)))
+        transforms = list(transforms) + [on_wire.to_transform(r) for r in dp] + self.mode.seal(task, name, tensor)
         meta = pb.Meta(run_id=self.run_id, round=task.round, phase=task.phases[step].kind, step=step,
                        sender_id=self.id, num_samples=len(self.shard), transforms=transforms, num_devices=1,
                        attempt=task.attempt)
@@ -183,10 +167,7 @@ class Device:
     async def _round(self, task: pb.RoundTask, envelope: pb.Envelope) -> None:
         dim = self.dim
         w, _ = self.downlink.receive(wire.single_tensor(envelope, "model"), dim, self.cfg.run.seed, self.index, task.round, -1)
-        if self.medium and self.own_w is not None:
-            w = self.own_w  # paper 003: a device starts each round from its own estimate of the last downlink
-        # a round this device does not finish (refused, aborted) leaves no estimate: the next starts from the cloud's
-        self.own_w = None
+        w = self.mode.start_round(w)
         anchor = w.copy()
         losses: list[float] = []
         batch = self.cfg.train.batch_size
@@ -195,15 +176,14 @@ class Device:
             return  # not drawn this round: idle, and resynchronise from the next round's global model
         cplan = dict(cluster.params)
         extra: dict = {}  # scalars for the next upload (e.g. this round's smoothness estimate)
-        beta_pending = self.report_beta  # once per round, on the round's first local window
         encode = encode_overrides(cluster.devices[self.id].params) if self.id in cluster.devices else None
         sample_dp: list = []  # DP-SGD events of the local phases since the last upload, sent with it
         for step, phase in enumerate(task.phases):
             p = phase.params
-            if self.medium and not self._in_air_round(task, step):
-                continue  # failed the downlink test th0 earlier in the round: sits out the rest of it
-            if phase.kind in plans.AIR_PHASES:
-                w = await self._air(task, step, w, losses)
+            if not self.mode.takes_part(task, step):
+                continue  # e.g. failed the air downlink test th0 earlier in the round: sits out the rest of it
+            if phase.kind in self.mode.phases:
+                w = await self.mode.run_phase(task, step, w, losses)
                 losses = []  # each upload reports the steps since the previous one
             elif phase.kind == plans.LOCAL_SGD:
                 start = w
@@ -213,8 +193,7 @@ class Device:
                                                         steps=steps, epochs=epochs, clip=p.get("clip", 0.0))
                 if taken:
                     losses.append(loss)
-                if beta_pending and taken:
-                    beta_pending = False
+                if p.get(plans.ESTIMATE_BETA, 0.0) == 1.0 and taken:  # the plan asks (a controller that estimates beta)
                     beta = await self.trainer.run(smoothness, start, w, self.shard, batch, torch_generator(
                         self.cfg.run.seed, "device", self.index, task.round, step, "beta"))
                     if np.isfinite(beta):
@@ -257,54 +236,7 @@ class Device:
                     anchor = w.copy()
                 losses = []
             # cloud_sync: nothing to do on a device; the next round task carries the new global model
-        if self.medium:
-            self.own_w = w
-
-    def _in_air_round(self, task: pb.RoundTask, step: int) -> bool:
-        from hfl.common.channel import plane as air
-
-        return bool(air.listeners(self.plane, task.phases, task.round, step)[self.index])
-
-    async def _air(self, task: pb.RoundTask, step: int, w: np.ndarray, losses: list) -> np.ndarray:
-        """One air phase (paper 003, digest 2.3): send the normalised gradient or model if the channel makes this
-        device active in the slot, else only listen; estimate from what this device itself received."""
-        from hfl.common.channel import plane as air
-
-        phase = task.phases[step]
-        group = phase.params.get("group", 0.0) == 1.0
-        scalars = {"model_sum": float(np.sum(w, dtype=np.float64))}
-        transmits = air.activity(self.plane, task.phases, task.round, step)[self.index]
-        if phase.kind == plans.AIR_GRADIENT_STEP:
-            payload, loss = await self.trainer.run(minibatch_gradient, w, self.shard, self.cfg.train.batch_size,
-                                                   self._gen(task.round, step))
-            losses.append(loss)
-        else:
-            payload = w
-        if losses:
-            scalars["train_loss"] = float(np.mean(losses))
-        meta = pb.Meta(run_id=self.run_id, round=task.round, phase=phase.kind, step=step, sender_id=self.id,
-                       num_samples=len(self.shard), num_devices=1, attempt=task.attempt)
-        envelope = pb.Envelope(meta=meta, scalars=scalars)
-        if transmits:
-            bar, mu, sigma = air.normalise(payload[None, :])
-            envelope.scalars.update(air_mu=float(mu[0]), air_sigma=float(sigma[0]))
-            envelope.tensors.append(wire.encode(bar[0].astype(np.float32), "float32", "air"))
-        reply = await self._exchange(envelope)
-        n_active = reply.scalars.get("n_active", 0.0)
-        if n_active < 1 or not air.passes_th0(self.plane, task.round, step, [self.index])[0]:
-            return w  # nothing to estimate from, or the downlink test failed: no update (digest 10.11)
-        shape = [self.dim] if self.plane.exact else [2, self.dim]
-        row = wire.decode_array(wire.single_tensor(reply, "air"), shape)
-        s = reply.scalars
-        est = air.device_estimates(self.plane, row[None], [self.index], task.round, step, n_active, s["E"],
-                                   s["sigma_sum"], s["mu_mean"], self.plane.C if group else 1, s["psi"],
-                                   phase.kind == plans.AIR_GRADIENT_STEP)[0]
-        if not np.isfinite(est).all():
-            return w
-        if phase.kind == plans.AIR_GRADIENT_STEP:
-            return w - np.float32(phase.params["lr"]) * est
-        return est
-
+        self.mode.end_round(w)
 
     def _private_delta(self, delta: np.ndarray, cplan: dict, task: pb.RoundTask, step: int):
         rng = dp_numpy_rng(self.dp_source, self.cfg.run.seed, "device", self.index, task.round, step, "dp_noise",

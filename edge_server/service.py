@@ -12,22 +12,22 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass, field
-
 import grpc
 import numpy as np
 
 from hfl.common import config as config_mod
-from hfl.common import plans, robust, rpc, session, topology, validate, wire
+from hfl.common import modes, plans, rpc, session, topology, validate, wire
 from hfl.common.channel.round_clock import EdgeClock
 from hfl.common.pipeline import Link
 from hfl.common.privacy import on_wire
-from hfl.common.quantization import precision
 from hfl.common.secret_random import dp_numpy_rng
-from hfl.common.service_base import Guarded, Liveness, Refusals, RoundBoard, hold_presence, refuse
+from hfl.common.service_base import Gate, Liveness, Refusals, RoundBoard, refuse
 from hfl.common.upstream import Upstream
 from hfl.proto import hfl_v1_pb2 as pb
 from hfl.proto import hfl_v1_pb2_grpc as pbg
+
+from .modes import EdgePorts
+from .round_state import Barrier, ClusterRound, Contribution
 
 log = logging.getLogger("hfl.edge")
 
@@ -35,34 +35,7 @@ NOT_REGISTERED = "not_registered"
 RESTART, COMPLETE = "restart", "complete"
 
 
-@dataclass
-class Contribution:
-    vec: np.ndarray
-    samples: int
-    scalars: dict
-    dp: list = field(default_factory=list)  # DP events the device recorded on its upload
-    q: float | None = None                  # the quantizer error the device measured on its upload, if any
-    raw: bytes = b""                        # relay mode: the device's upload as received, forwarded unchanged
-
-
-@dataclass
-class Barrier:
-    """Collects one phase's uploads from every member of the attempt; releases all waiters with one reply."""
-
-    step: int
-    kind: str
-    contributions: dict[str, Contribution] = field(default_factory=dict)
-    released: asyncio.Event = field(default_factory=asyncio.Event)
-    aborted: bool = False
-    reply: list[pb.Chunk] = field(default_factory=list)
-    reply_size: int = 0
-    replies: dict[str, tuple[list[pb.Chunk], int]] = field(default_factory=dict)  # air phases: each device its own
-    expected: set[str] | None = None  # air phases: the members the channel lets take part (None: every member)
-    active: set[str] = field(default_factory=set)  # air phases: the members the channel makes transmit
-    failed: str = ""  # air phases: why the medium gave nothing back (the members sit the round out)
-
-
-class EdgeServer(pbg.EdgeServiceServicer, Guarded):
+class EdgeServer(Gate, pbg.EdgeServiceServicer):
     rejoin_first = False  # started for a resumed run (hfl edge --rejoin): register with rejoin, not refused first
 
     def __init__(self, node_id: str, cloud_address: str, server: rpc.Server, cloud_credentials=None,
@@ -89,25 +62,16 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
         self.attempt = 0
         self.started = False
         self.plan: list[pb.Phase] = []
+        self.mode = None  # the round mode (edge_server/modes.py), chosen once the cloud's spec is known
+        self.ctx: ClusterRound | None = None  # the cluster round in progress
         self.barriers: dict[int, Barrier] = {}
         self.active_step: int | None = None
         self.round_members: set[str] = set()
         self.out: set[str] = set()
         self.bytes_up = 0
         self.bytes_down = 0
-        self.losses: list[float] = []
         self.restarts = 0
         self.rejoined = 0
-        self.clipped = 0
-        self.cplan: dict[str, float] = {}
-        self.q_uplink: list[float] = []
-        self.participants: set[str] = set()
-        self.dp_records: list = []
-        self.relayed: list[bytes] = []
-        self.betas: list[float] = []
-        self.cluster_plan = pb.ClusterPlan()
-        self.plane = None  # channel.plane.Plane on the wireless medium (paper 003)
-        self.air_dropped: set[str] = set()
         self.joined = asyncio.Event()
         self.stop = asyncio.Event()
 
@@ -179,24 +143,6 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
                                  f"{node} claims {request.num_samples} samples; the run's partition gives it "
                                  f"{self.samples[node]}", "bad_register")
 
-    async def Presence(self, request: pb.PresenceRequest, context) -> None:
-        try:
-            token = self._authenticate(context, request.node_id)
-        except wire.WireError as exc:
-            await refuse(context, self.refusals, exc)
-        await hold_presence(context, self.live, request.node_id, token, self.round, self.stop)
-
-    async def FetchRound(self, request: pb.FetchRequest, context):
-        try:
-            self._authenticate(context, request.node_id)
-        except wire.WireError as exc:
-            await refuse(context, self.refusals, exc)
-        round_, chunks, size = await self.board.wait_after(request.after_round, request.after_attempt)
-        for chunk in chunks:
-            yield chunk
-        self.bytes_down += size
-        await self.board.mark_fetched(round_, request.node_id)
-
     def _validate(self, envelope: pb.Envelope) -> tuple[Barrier, Contribution]:
         """Checks that depend on the round in progress; raises WireError."""
         meta = envelope.meta
@@ -225,58 +171,7 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
             log.info("upload keys %s", json.dumps({
                 "sender": node, "round": meta.round, "step": meta.step, "scalars": sorted(envelope.scalars),
                 "transforms": [[t.stage, t.name, sorted(t.params)] for t in meta.transforms]}))
-        if barrier.kind in plans.AIR_PHASES:
-            return barrier, self._validate_air(envelope, barrier)
-        name = "gradient" if barrier.kind == plans.EDGE_GRADIENT_STEP else "delta"
-        dp = on_wire.from_transforms(meta.transforms, allowed={node})
-        stream = on_wire.stream_of(self.plan, meta.step)
-        on_wire.check_device_records(dp, self.cplan, node, stream, expected=barrier.kind == plans.EDGE_MODEL_SYNC
-                                     and bool(self.cplan) and self.cplan.get("trusted", 0.0) != 1.0
-                                     and self.cplan.get(f"noise_z_{stream}", 0.0) > 0)
-        # charged at receipt: the noisy upload is released to this edge even if a later check or a restart of the
-        # barrier discards it
-        self.dp_records.extend(dp)
-        # the channel's draw is the sender's own (keyed by the device, not by this edge)
-        vec, _ = self.uplink.receive(wire.single_tensor(envelope, name), self.dim, self.cfg.run.seed,
-                                     topology.device_index(node), self.round, meta.step)
-        scalars = validate.check_scalars(envelope.scalars, node)
-        if self.relay and node in self.cluster_plan.devices:  # the fusion center's header checks, on receipt (issue 24)
-            precision.check_upload_header(precision.resolve(self.cfg), wire.single_tensor(envelope, name),
-                                          int(self.cluster_plan.devices[node].params["bits"]), node)
-        q = next((t.params["q_measured"] for t in meta.transforms if t.stage == "encode" and "q_measured" in t.params), None)
-        raw = envelope.SerializeToString() if self.relay else b""
-        return barrier, Contribution(vec, self.samples[node], scalars, dp, q, raw)
-
-    def _validate_air(self, envelope: pb.Envelope, barrier: Barrier) -> Contribution:
-        """An air upload: a normalised payload with its (mu, sigma) from a device the channel makes active in the
-        slot, nothing but scalars from one that only listens (paper 003, eq. 15; digest 2.3)."""
-        from hfl.common.channel import plane as air
-
-        node, meta = envelope.meta.sender_id, envelope.meta
-        slot = air.slot_id(meta.round, meta.step)
-        if barrier.expected is not None and node not in barrier.expected:
-            raise wire.WireError(grpc.StatusCode.FAILED_PRECONDITION,
-                                 f"{node} failed the downlink test th0 earlier in round {meta.round}: it sits out the "
-                                 "rest of the round", "air_dropped")
-        scalars = validate.check_scalars(envelope.scalars, node)
-        active = node in barrier.active
-        if not envelope.tensors:
-            if active:
-                raise wire.WireError(grpc.StatusCode.INVALID_ARGUMENT, f"{node} is active in slot {slot} "
-                                     "(|f|^2 >= th1): it must transmit its normalised payload", "air_missing_payload")
-            return Contribution(None, self.samples[node], scalars)
-        if not active:
-            raise wire.WireError(grpc.StatusCode.FAILED_PRECONDITION, f"{node} is not active in slot {slot} "
-                                 "(|f|^2 < th1 to its edge): it may only listen", "air_not_active")
-        if "air_mu" not in scalars or "air_sigma" not in scalars:
-            raise wire.WireError(grpc.StatusCode.INVALID_ARGUMENT, "an air payload needs its air_mu and air_sigma "
-                                 "(payload normalisation, paper 003 eqs. 12-13)", "air_scalars")
-        vec = wire.decode_array(wire.single_tensor(envelope, "air"), [self.dim])
-        mean, std = float(vec.mean(dtype=np.float64)), float(vec.std(dtype=np.float64))
-        if abs(mean) > 1e-3 or abs(std - 1.0) > 1e-3:
-            raise wire.WireError(grpc.StatusCode.INVALID_ARGUMENT, f"air payload of {node} is not normalised (mean "
-                                 f"{mean:.3g}, std {std:.3g}; expected 0 and 1)", "air_not_normalised")
-        return Contribution(vec, self.samples[node], scalars)
+        return barrier, self.mode.validate(self.ctx, envelope, barrier)
 
     async def Exchange(self, request_iterator, context):
         # A refused message changes nothing, not even for the member it claims to come from: it may still
@@ -349,13 +244,11 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
         self.downlink = Link.from_config(self.cfg.pipeline, "downlink")
         self.chunk_bytes = self.cfg.net.chunk_kib * 1024
         self.max_bytes = self.cfg.net.max_message_mb << 20
-        self.edge_weights = plans.weights_rule(self.cfg, "edge")
-        self.relay = plans.ALGORITHMS.get(self.cfg.run.algorithm).relay
         self.clock = EdgeClock(self.cfg, self.index, self.members, self.samples)
-        if plans.ALGORITHMS.get(self.cfg.run.algorithm).medium:
-            from hfl.common.channel.plane import plane_for
-
-            self.plane = plane_for(self.cfg)
+        self.mode = modes.build(self.cfg, "edge", EdgePorts(
+            self.cfg, self.id, self.index, self.dim, self.samples, self.members,
+            {"uplink": self.uplink, "downlink": self.downlink, "backhaul": self.backhaul}, self.chunk_bytes, self.clock,
+            self._air_call))
         log.info("%s joined run %s: %d devices expected, model dim %d", self.id, self.run_id, len(self.members), self.dim)
         await self.server.ready()
         return reply
@@ -380,6 +273,13 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
                 log.warning("%s: cloud unreachable or restarted during %s (%s); retrying", self.id, what, exc.code().name)
                 self.cloud.lost()
                 await self.cloud.backoff.sleep()
+
+    async def _air_call(self, chunks: list, what: str) -> pb.Envelope:
+        async def call():
+            stream = self.cloud.stub.Air(iter(chunks), metadata=self.cloud.metadata)
+            return (await wire.read_envelope(stream, self.max_bytes))[0]
+
+        return await self._cloud_call(call, what)
 
     async def _fetch(self, after: int) -> pb.Envelope:
         async def call():
@@ -430,20 +330,20 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
         self.attempt = 0
         plan = task.clusters[self.id] if self.id in task.clusters else pb.ClusterPlan()
         self.cluster_plan = plan
-        self.cplan = dict(plan.params)
-        # DP events of every attempt: an aborted attempt's noisy uploads and aggregates were released all the same
-        self.dp_records = []
-        self.participants = set(plan.participants) if plan.participants or plan.only_listed else set(self.members)
-        rate = self.cplan.get("client_rate", 1.0)
+        cplan = dict(plan.params)
+        participants = set(plan.participants) if plan.participants or plan.only_listed else set(self.members)
+        rate = cplan.get("client_rate", 1.0)
         if rate < 1.0:  # DP-FedAvg: the trusted aggregator draws its clients (Poisson, rate q_c) itself
             draw = dp_numpy_rng(self.cfg.privacy.noise_source, self.cfg.run.seed, "edge", self.index, task.round,
                                 "clients").random(len(self.members))
-            self.participants = {m for m, u in zip(self.members, draw) if u < rate}
+            participants = {m for m, u in zip(self.members, draw) if u < rate}
+        self.ctx = ClusterRound(self.run_id, task.round, cplan, participants)
         while True:
             result = await self._attempt(task, global_w)
             if result is not None:
                 break
             self.attempt += 1
+            self.ctx.attempt = self.attempt
             self.restarts += 1
         self.active_step = None
         cluster_w, members_used, step = result
@@ -453,32 +353,20 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
         """One attempt at the cluster's part of the round; None when a lost member came back (restart)."""
         seed = self.cfg.run.seed
         self.plan = list(task.phases)
-        self.round_members = {m for m in self.members if self.live.sessions.has(m) and m in self.participants}
+        self.round_members = {m for m in self.members if self.live.sessions.has(m) and m in self.ctx.participants}
         self.out = set()
         self.live.returned.clear()
-        self.losses = []
-        self.q_uplink = []
-        self.relayed = []
-        self.betas: list[float] = []
-        self.air_dropped = set()
+        ctx = self.ctx
+        ctx.plan, ctx.tally = self.plan, type(ctx.tally)()
         comm_steps = [i for i, p in enumerate(self.plan) if p.kind in plans.DEVICE_UPLOAD_PHASES]
         self.barriers = {i: Barrier(i, self.plan[i].kind) for i in comm_steps}
-        if self.plane is not None:
-            from hfl.common.channel import plane as air
-
-            for i in air.air_steps(self.plan):
-                mask = air.listeners(self.plane, self.plan, task.round, i)
-                self.barriers[i].expected = {m for m in self.members if mask[topology.device_index(m)]}
-                mask = air.activity(self.plane, self.plan, task.round, i)
-                self.barriers[i].active = {m for m in self.members if mask[topology.device_index(m)]}
-                fails = ~air.passes_th0(self.plane, task.round, i, [topology.device_index(m) for m in self.members])
-                self.air_dropped |= {m for m, fail in zip(self.members, fails) if fail}
+        self.mode.start_attempt(ctx, self.barriers)
         self.active_step = comm_steps[0] if comm_steps else None
         device_task = pb.RoundTask(round=task.round, phases=task.phases, attempt=self.attempt)
-        everyone = self.participants == set(self.members)
-        if self.cplan or not everyone or self.cluster_plan.devices:
-            listed = pb.ClusterPlan(params=self.cplan, participants=[] if everyone else sorted(self.participants),
-                                    only_listed=not self.participants)
+        everyone = ctx.participants == set(self.members)
+        if ctx.cplan or not everyone or self.cluster_plan.devices:
+            listed = pb.ClusterPlan(params=ctx.cplan, participants=[] if everyone else sorted(ctx.participants),
+                                    only_listed=not ctx.participants)
             for node, device_plan in self.cluster_plan.devices.items():
                 listed.devices[node].CopyFrom(device_plan)
             device_task.clusters[self.id].CopyFrom(listed)
@@ -502,10 +390,11 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
                     log.warning("%s: lost devices %s came back: restarting round %d", self.id,
                                 sorted(self.live.returned & self.round_members), task.round)
                     return None
-                if phase.kind in plans.AIR_PHASES:
-                    await self._air(barrier, phase, step, task.round)
-                else:
-                    cluster_w = self._aggregate(barrier, cluster_w, phase, step, task.round)
+                later = [s for s in self.barriers if s > step]
+                self.active_step = later[0] if later else None  # before any await: devices may upload the next phase
+                cluster_w = await self.mode.settle(ctx, barrier, phase, step, cluster_w)
+                if barrier.failed:  # the phase gave its members nothing: they sit out the rest of the round
+                    self.out |= set(barrier.contributions)
                 members_used = set(barrier.contributions)
             elif phase.kind == plans.CLOUD_SYNC:
                 return cluster_w, members_used, step
@@ -519,9 +408,9 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
                 log.warning("dropping %s from round %d: lost for %.0fs", node, self.round, self.live.grace_s)
             lost = set(self.live.lost) & self.round_members - self.out
             returned = self.live.returned & self.round_members
-            if returned and self.plane is not None:
-                # on the air a cluster cannot replay its slots alone (they are shared with the other clusters):
-                # a member that comes back takes part from the next round
+            if returned and not self.mode.may_restart:
+                # a cluster that cannot replay its phases alone (shared air slots): a member that comes back takes
+                # part from the next round
                 self.out |= returned - self.out
                 self.live.returned -= returned
                 returned = set()
@@ -540,146 +429,27 @@ class EdgeServer(pbg.EdgeServiceServicer, Guarded):
                 continue
             await self.live.wait(deadline)
 
-    def _aggregate(self, barrier: Barrier, cluster_w: np.ndarray, phase: pb.Phase, step: int, round_: int) -> np.ndarray:
-        nodes = sorted(barrier.contributions)  # arrival order must not matter
-        reply_vec = None
-        if self.relay:  # paper 004 (digest P13): forward every upload unchanged, never re-aggregate here
-            contributions = [barrier.contributions[n] for n in nodes]
-            self.relayed = [c.raw for c in contributions]
-            self.losses.extend(c.scalars["train_loss"] for c in contributions if "train_loss" in c.scalars)
-            self.q_uplink.extend(c.q for c in contributions if c.q is not None)
-        # under Poisson client sampling an empty draw still releases noise: the accountant's subsampled
-        # mechanism is "sum of the drawn / fixed denominator + N", whatever was drawn
-        elif nodes or "fixed_denominator" in self.cplan:
-            contributions = [barrier.contributions[n] for n in nodes]
-            weights = [c.samples if self.edge_weights == "samples" else 1 for c in contributions]
-            agg = self._private_aggregate(contributions, weights, nodes, phase, step, round_)
-            self.losses.extend(c.scalars["train_loss"] for c in contributions if "train_loss" in c.scalars)
-            self.betas.extend(c.scalars["beta_estimate"] for c in contributions if "beta_estimate" in c.scalars)
-            if phase.kind == plans.EDGE_GRADIENT_STEP:
-                cluster_w = cluster_w - np.float32(phase.params["lr"]) * agg
-                reply_vec, name = agg, "gradient"
-            else:
-                cluster_w = cluster_w + agg
-                if plans.downlink_after(self.plan, step):
-                    reply_vec, name = cluster_w, "model"
-        later = [s for s in self.barriers if s > step]
-        self.active_step = later[0] if later else None  # before any await: devices may upload the next phase at once
-        reply = pb.Envelope(meta=pb.Meta(run_id=self.run_id, round=round_, phase=phase.kind, step=step, sender_id=self.id,
-                                         num_devices=len(nodes), attempt=self.attempt))
-        if reply_vec is not None:
-            reply.tensors.append(self.downlink.send(reply_vec, name, self.cfg.run.seed, self.index, round_, step)[0])
-        payload = reply.SerializeToString()
-        barrier.reply = list(wire.to_chunks(payload, self.chunk_bytes))
-        barrier.reply_size = len(payload)
-        self.clock.phase(step, barrier.contributions, barrier.reply_size)
-        barrier.released.set()
-        return cluster_w
-
-    async def _air(self, barrier: Barrier, phase: pb.Phase, step: int, round_: int) -> None:
-        """Hand the cluster's emissions of an air slot to the medium (the cloud's Air service) and give each member
-        what it received; an edge whose members all sat out still takes part, so the medium never waits for it."""
-        nodes = sorted(barrier.contributions)
-        emission = pb.Envelope(meta=pb.Meta(run_id=self.run_id, round=round_, phase=phase.kind, step=step,
-                                            sender_id=self.id, num_devices=len(nodes)))
-        for n in nodes:
-            c = barrier.contributions[n]
-            emission.scalars[f"listen:{n}"] = c.scalars.get("model_sum", 0.0)
-            if "train_loss" in c.scalars:
-                self.losses.append(c.scalars["train_loss"])
-            if c.vec is not None:
-                emission.tensors.append(wire.encode(c.vec, "float32", n))
-                emission.scalars[f"mu:{n}"] = c.scalars["air_mu"]
-                emission.scalars[f"sigma:{n}"] = c.scalars["air_sigma"]
-        chunks = list(wire.chunked(emission, self.chunk_bytes))
-
-        async def call():
-            stream = self.cloud.stub.Air(iter(chunks), metadata=self.cloud.metadata)
-            return (await wire.read_envelope(stream, self.max_bytes))[0]
-
-        later = [st for st in self.barriers if st > step]
-        try:
-            reply = await self._cloud_call(call, f"air slot of round {round_} phase {step}")
-            rows = {t.name: t for t in reply.tensors}  # each device decodes and checks its own row
-            for n in nodes:
-                if n not in rows:
-                    raise wire.WireError(grpc.StatusCode.INTERNAL, f"the medium sent nothing for {n}", "air_reply")
-        except (grpc.aio.AioRpcError, wire.WireError) as exc:
-            detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
-            barrier.failed = f"the medium gave nothing back for round {round_} phase {step}: {detail}"
-            log.error("%s: %s", self.id, barrier.failed)
-            self.out |= set(nodes)
-            self.active_step = later[0] if later else None
-            barrier.released.set()
-            return
-        for n in nodes:
-            tensor = pb.Tensor()
-            tensor.CopyFrom(rows[n])
-            tensor.name = "air"
-            out = pb.Envelope(meta=pb.Meta(run_id=self.run_id, round=round_, phase=phase.kind, step=step,
-                                           sender_id=self.id, num_devices=len(nodes)),
-                              tensors=[tensor], scalars=dict(reply.scalars))
-            payload = out.SerializeToString()
-            barrier.replies[n] = (list(wire.to_chunks(payload, self.chunk_bytes)), len(payload))
-        self.active_step = later[0] if later else None
-        self.clock.air_phase(step, barrier.contributions, self.plane, self.dim)
-        barrier.released.set()
-
-    def _private_aggregate(self, contributions: list[Contribution], weights: list, nodes: list[str], phase: pb.Phase,
-                           step: int, round_: int) -> np.ndarray:
-        """Aggregate as the round plan says: a trusted edge enforces the clip bound on each upload and adds one
-        noise draw to the aggregate (paper 000: local and global streams; DP-FedAvg: the fixed-denominator sum)."""
-        vecs = [c.vec for c in contributions]
-        trusted = self.cplan.get("trusted", 0.0) == 1.0 and phase.kind == plans.EDGE_MODEL_SYNC
-        for c in contributions:
-            if c.q is not None:
-                self.q_uplink.append(c.q)
-        if trusted:
-            for i, vec in enumerate(vecs):
-                vecs[i], over = on_wire.enforce_clip(vec, self.cplan)
-                self.clipped += over
-        if "fixed_denominator" in self.cplan:  # sum_k p_k Delta_k, p_k = d_k / (q_c d) (paper 002, Eq. 4)
-            acc = np.zeros(self.dim, np.float64)
-            for vec, c in zip(vecs, contributions):
-                acc += c.samples * vec.astype(np.float64)
-            agg = (acc / self.cplan["fixed_denominator"]).astype(np.float32)
-        else:
-            agg = robust.aggregate(self.cfg.pipeline.aggregate, self.cfg.pipeline.params, vecs, weights)
-        if trusted:
-            stream = on_wire.stream_of(self.plan, step)
-            # a fresh draw per attempt: two releases sharing one noise draw would cancel it in their difference
-            rng = dp_numpy_rng(self.cfg.privacy.noise_source, self.cfg.run.seed, "edge", self.index, round_, step,
-                               "dp_noise", self.attempt)
-            agg, records = on_wire.edge_release(agg, self.cplan, stream, rng, weights, len(self.participants),
-                                                self.id, nodes, round_)
-            self.dp_records.extend(records)
-        return agg
-
     async def _submit(self, task: pb.RoundTask, step: int, delta: np.ndarray, members: set[str]) -> None:
-        seed = self.cfg.run.seed
-        if self.relay or self.plane is not None:  # relayed uploads / the medium holds the round's model
-            tensors, transforms = [], []
-        else:
-            tensor, transforms = self.backhaul.send(delta, "delta", seed, self.index, task.round, step)
-            tensors = [tensor]
-        transforms = list(transforms) + [on_wire.to_transform(r) for r in on_wire.merge(self.dp_records)]
+        ctx = self.ctx
+        tensors, transforms = self.mode.backhaul(ctx, step, delta)
+        transforms += [on_wire.to_transform(r) for r in on_wire.merge(ctx.dp_records)]
         meta = pb.Meta(run_id=self.run_id, round=task.round, phase=plans.CLOUD_SYNC, step=step, sender_id=self.id,
                        num_samples=sum(self.samples[n] for n in members), num_devices=len(members), transforms=transforms)
         scalars = {"bytes_up": float(self.bytes_up), "bytes_down": float(self.bytes_down),
-                   "refused": float(self.refusals.take()), "dropped": float(len(self.participants) - len(members)),
-                   "restarts": float(self.restarts), "rejoined": float(self.rejoined), "clipped": float(self.clipped)}
-        if self.losses:
-            scalars["train_loss"] = float(np.mean(self.losses))
-        if self.q_uplink:
-            scalars["q_uplink"] = float(np.mean(self.q_uplink))
-        if self.betas:
-            scalars["beta_estimate"] = float(max(self.betas))
-        if self.plane is not None:
-            scalars["air_dropped"] = float(len(self.air_dropped & members))
+                   "refused": float(self.refusals.take()), "dropped": float(len(ctx.participants) - len(members)),
+                   "restarts": float(self.restarts), "rejoined": float(self.rejoined), "clipped": float(ctx.clipped)}
+        tally = ctx.tally
+        if tally.losses:
+            scalars["train_loss"] = float(np.mean(tally.losses))
+        if tally.q_uplink:
+            scalars["q_uplink"] = float(np.mean(tally.q_uplink))
+        if tally.betas:
+            scalars["beta_estimate"] = float(max(tally.betas))
+        scalars.update(self.mode.report(ctx, members))
         scalars.update(self.clock.report())
         self.bytes_up = self.bytes_down = 0
-        self.restarts = self.rejoined = self.clipped = 0
-        chunks = wire.chunked(pb.Envelope(meta=meta, tensors=tensors, scalars=scalars, relayed=self.relayed),
+        self.restarts = self.rejoined = 0
+        chunks = wire.chunked(pb.Envelope(meta=meta, tensors=tensors, scalars=scalars, relayed=tally.relayed),
                               self.chunk_bytes)
 
         async def call():

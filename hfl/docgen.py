@@ -22,11 +22,10 @@ def _first_sentence(text: str | None, limit: int = 220) -> str:
 
 
 def _wire(a) -> str:
-    if a.medium:
-        return "analog model / gradient over the air (the cloud's medium), devices -> edge -> cloud"
-    if a.relay:
-        return f"{' or '.join(a.codecs)} device uploads, relayed unchanged by the edges to the cloud's fusion"
-    return "device -> edge -> cloud model deltas (or gradients), `pipeline.*_encoding`"
+    from hfl.common.modes import MODES
+
+    mode = MODES.get(a.mode)
+    return f"{mode.name}: " + (mode.wire.replace("quantized", " or ".join(a.codecs)) if a.codecs else mode.wire)
 
 
 def algorithm_table() -> str:

@@ -123,3 +123,21 @@ def validate_channel(channel: ChannelSection, clock: ClockSection | None = None)
             _fail(f"clock.{key}", f"must be >= 0, got {getattr(clock, key)}")
     if not 0 <= clock.cpu_spread < 1:
         _fail("clock.cpu_spread", f"must be in [0, 1), got {clock.cpu_spread}")
+
+
+def validate_air_mode(config, algorithm, default_pipeline) -> None:
+    """An algorithm of the air mode: the channel decides who transmits, the medium aggregates analog uploads."""
+    if config.train.participants:
+        raise ConfigError(f"train.participants: {algorithm.name} decides who transmits by the channel (th1); "
+                          "leave it 0")
+    for key in ("clip", "device_noise", "uplink_encoding", "uplink_channel", "aggregate"):
+        if getattr(config.pipeline, key) != getattr(default_pipeline, key):
+            raise ConfigError(f"pipeline.{key} = {getattr(config.pipeline, key)!r}: {algorithm.name}'s uploads are "
+                              f"analog over the air, the medium aggregates them; leave it "
+                              f"{getattr(default_pipeline, key)!r}")
+    from hfl.common.channel.plane import plane_for
+
+    try:
+        plane_for(config)
+    except ValueError as exc:
+        raise ConfigError(f"channel.window_radius / channel.lambda_p: {exc}") from None

@@ -197,3 +197,11 @@ def enforce_clip(vec: np.ndarray, plan: Mapping[str, float]) -> tuple[np.ndarray
     if shape_of(plan) == "wavelet":
         return wavelet_clip(vec, bound, WaveletLayout([len(vec)]), _wavelet_calibration(plan))
     return clip_l2(vec, bound)
+
+
+def device_is_private(cfg) -> bool:
+    """Does a device of this run send only noised statistics of its data (a DP algorithm, or a DP codec)?"""
+    from hfl.common import plans, wire
+
+    return bool(plans.ALGORITHMS.get(cfg.run.algorithm).privacy) or \
+        getattr(wire.CODECS.get(cfg.pipeline.uplink_encoding), "private", False)

@@ -75,9 +75,9 @@ def validate_precision(cfg) -> None:
         _fail("participants", f"= {p.participants} exceeds the {cfg.num_devices} devices of the topology")
     uses = bool(p.group_sizes or p.participants or p.bit_budget or p.link_std) or p.cluster_mode != "auto" \
         or p.fusion != "auto"
-    if not algorithm.relay:
+    if algorithm.mode != "relay":
         if uses:
-            relay = [n for n in plans.ALGORITHMS if plans.ALGORITHMS.get(n).relay]
+            relay = [n for n in plans.ALGORITHMS if plans.ALGORITHMS.get(n).mode == "relay"]
             _fail("group_sizes" if p.group_sizes else "*", f"applies to the relay algorithms ({', '.join(relay)}), "
                   f"not {algorithm.name}")
         return

@@ -37,6 +37,7 @@ def test_algorithm_learns(hfl_testbed, algorithm, extra):
     assert logs == sorted(["cloud.log", "edge-000.log", "edge-001.log"] + hosts)
 
 
+@pytest.mark.fast
 def test_same_seed_same_metrics(hfl_testbed):
     runs = []
     for _ in range(2):

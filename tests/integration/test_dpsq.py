@@ -32,7 +32,7 @@ def device_uploads(tb) -> dict[tuple[int, str], tuple[int, str]]:
     return out
 
 
-@pytest.mark.parametrize("algorithm, fusion, mode", [("dpsq-fl-fwo-cso", "fwo", "cso"),
+@pytest.mark.parametrize("algorithm, fusion, mode", [pytest.param("dpsq-fl-fwo-cso", "fwo", "cso", marks=pytest.mark.fast),
                                                      ("laplacesq-fl", "fedhq", "random")])
 def test_relay_delivers_every_upload_unchanged_and_fuses_it(hfl_testbed, algorithm, fusion, mode):
     codec = "dpsq" if algorithm.startswith("dpsq") else "laplace-sq"

@@ -17,6 +17,7 @@ AIR = ["topology.edges=3", "topology.devices_per_edge=4", "channel.model=ota", "
        "data.max_test_samples=500"]
 
 
+@pytest.mark.fast
 def test_multiairfed_over_the_air_with_interferers(hfl_testbed):
     tb = hfl_testbed(overrides=AIR + ["run.rounds=5"])
     summary = tb.wait(timeout=600)

@@ -59,3 +59,18 @@ def test_fedavg_learns(hfl_testbed, algorithm):
     tb = hfl_testbed(overrides=SMALL + [f"run.algorithm={algorithm}", "run.rounds=2"])
     summary = tb.wait(timeout=300)
     assert summary["weights"] == {"edge": "samples", "cloud": "samples"} and summary["final_accuracy"] > 0.5
+
+
+@pytest.mark.fast
+def test_a_plugin_round_mode_runs_on_real_processes(hfl_testbed):
+    """examples/sign_vote_mode.py adds a fourth round mode with registrations only: edges settle by sign vote."""
+    cwd = os.getcwd()
+    os.chdir(ROOT)  # the plugin is named relative to the working directory
+    try:
+        tb = hfl_testbed(overrides=SMALL + ['run.plugins=["examples/sign_vote_mode.py"]',
+                                            "run.algorithm=hierfavg-signvote", "run.rounds=2"])
+        summary = tb.wait(timeout=300)
+    finally:
+        os.chdir(cwd)
+    assert summary["algorithm"] == "hierfavg-signvote" and summary["rounds"] == 2
+    assert summary["final_accuracy"] > 0.5  # ten classes: chance is 10%

@@ -19,6 +19,7 @@ def ledger_lines(tb):
     return [json.loads(line) for line in (tb.run_dir / "privacy_ledger.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.fast
 def test_h2fdp_noise_at_the_tier_the_policy_names(hfl_testbed):
     tb = hfl_testbed(overrides=H2FDP)
     summary = tb.wait(timeout=300)

@@ -243,7 +243,7 @@ def test_air_slot_clock_on_a_hand_computed_case():
 
 
 @pytest.mark.parametrize("overrides, key", [
-    (["run.algorithm=multiairfed"], "set channel.model = ota or orthogonal"),
+    (["run.algorithm=multiairfed"], "needs channel.model = ota or orthogonal"),
     (["run.algorithm=hierfavg", "channel.model=ota"], "needs channel.model = ideal"),
     (BASE + ["pipeline.clip=clip_l2"], "pipeline.clip"),
     (BASE + ["train.participants=2"], "train.participants"),
@@ -339,4 +339,3 @@ def test_a_silent_edge_costs_one_slots_wait_not_every_slots(tmp_path):
     assert absent == {"edge-002"}
     assert 1.0 <= seconds < 1.9  # the first slot waited its 1 s for edge-002, the second did not wait again
     assert medium.round_columns(0, {})["air_edges_dropped"] == 1
-    assert medium.take_dropped() == {"edge-002"} and medium.take_dropped() == set()  # expected again next round

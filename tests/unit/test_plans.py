@@ -39,7 +39,7 @@ def test_every_cloud_weight_rule_has_its_weight():
     from types import SimpleNamespace
 
     from hfl.cloud_server.fusion_center import FUSION_WEIGHT
-    from hfl.cloud_server.service import CLOUD_WEIGHTS
+    from hfl.cloud_server.modes import CLOUD_WEIGHTS
 
     res = SimpleNamespace(samples=120, devices=3, scalars={FUSION_WEIGHT: 0.25})
     assert {rule: f(res) for rule, f in CLOUD_WEIGHTS.items()} == {"samples": 120.0, "devices": 3.0, "equal": 1.0,

@@ -3,11 +3,13 @@ the cloud's refusal of a non-finite aggregate."""
 import json
 import math
 import pathlib
+from types import SimpleNamespace
 
 import grpc
 import numpy as np
 import pytest
 
+from hfl.cloud_server.modes import DigitalCloud
 from hfl.common import metrics, robust, session, validate, wire
 from hfl.common.config import ConfigError
 from hfl.common.rundir import check_run_dir
@@ -115,18 +117,35 @@ def test_run_dir_guard(tmp_path: pathlib.Path):
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
-def test_cloud_refuses_a_non_finite_aggregate():
+def test_cloud_refuses_a_non_finite_or_exploding_aggregate():
     from hfl.cloud_server.service import CloudServer, EdgeResult
     from hfl.common.config import Config
 
     cloud = CloudServer.__new__(CloudServer)
-    cloud.cfg, cloud.round, cloud.rejected_aggregates = Config(), 3, 0
+    cloud.cfg, cloud.rejected_aggregates = Config(), 0
     cloud.w = np.full(4, 3e38, np.float32)  # finite, as is every edge delta; their sum is not
     big = np.full(4, 3e38, np.float32)
-    cloud.results = {"edge-000": EdgeResult(big, 1, 10, {}), "edge-001": EdgeResult(big, 1, 10, {})}
-    w, rejected = cloud._aggregate("devices")
-    assert rejected and cloud.rejected_aggregates == 1 and np.array_equal(w, np.full(4, 3e38, np.float32))
+    results = {"edge-000": EdgeResult(big, 1, 10, {}), "edge-001": EdgeResult(big, 1, 10, {})}
+    mode = DigitalCloud(SimpleNamespace(cfg=cloud.cfg, dim=4, run_dir=None))
+    assert "non-finite" in cloud._install(3, mode.model(3, results, cloud.w))
+    assert cloud.rejected_aggregates == 1 and np.array_equal(cloud.w, np.full(4, 3e38, np.float32))
     cloud.w = np.ones(4, np.float32)
-    cloud.results = {"edge-000": EdgeResult(np.ones(4, np.float32), 1, 10, {})}
-    w, rejected = cloud._aggregate("devices")
-    assert not rejected and np.array_equal(w, np.full(4, 2.0, np.float32))
+    # one edge's absurd (finite) delta moves the model by ~1e30: refused, the previous model kept
+    results = {"edge-000": EdgeResult(np.full(4, 1e30, np.float32), 1, 10, {}),
+               "edge-001": EdgeResult(np.ones(4, np.float32), 1, 10, {})}
+    assert "max_update_ratio" in cloud._install(4, mode.model(4, results, cloud.w))
+    assert cloud.rejected_aggregates == 2 and np.array_equal(cloud.w, np.ones(4, np.float32))
+    results = {"edge-000": EdgeResult(np.ones(4, np.float32), 1, 10, {})}
+    assert cloud._install(5, mode.model(5, results, cloud.w)) == ""
+    assert np.array_equal(cloud.w, np.full(4, 2.0, np.float32))
+    assert cloud._install(6, mode.model(6, {}, cloud.w)) == "" and cloud.rejected_aggregates == 2  # nothing came
+
+
+def test_refuse_install_threshold():
+    from hfl.common.robust import refuse_install
+
+    old = np.full(100, 0.1, np.float32)  # ||old|| = 1: the limit is ratio x 1
+    assert refuse_install(old + np.float32(0.99 / 10), old, 1.0) == ""            # moved 0.99
+    assert "moved by 1.1" in refuse_install(old + np.float32(0.11), old, 1.0)      # moved 1.1
+    assert refuse_install(old + np.float32(1e6), old, 0.0) == ""                   # 0: only non-finite refused
+    assert "non-finite" in refuse_install(np.full(100, np.nan, np.float32), old, 0.0)

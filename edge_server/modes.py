@@ -1,0 +1,278 @@
+"""The edge's side of each round mode (common/modes.py): what a device upload must hold, how a phase's uploads
+settle into the reply the members get, and what goes up to the cloud. The edge service calls these at fixed points
+and never asks which mode runs; a mode gets narrow ports, never the server object."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+import grpc
+import numpy as np
+
+from hfl.common import plans, robust, topology, validate, wire
+from hfl.common.privacy import on_wire
+from hfl.common.quantization import precision
+from hfl.common.secret_random import dp_numpy_rng
+from hfl.proto import hfl_v1_pb2 as pb
+
+from .round_state import Barrier, ClusterRound, Contribution
+
+log = logging.getLogger("hfl.edge")
+
+
+@dataclass
+class EdgePorts:
+    cfg: object
+    id: str
+    index: int
+    dim: int
+    samples: dict[str, int]
+    members: list[str]
+    links: dict                 # uplink, downlink, backhaul (common.pipeline.Link)
+    chunk_bytes: int
+    clock: object               # common.channel.round_clock.EdgeClock
+    air_call: Callable[[list, str], Awaitable[pb.Envelope]]  # a shared slot on the cloud's medium (with reconnects)
+
+
+class DigitalEdge:
+    """Device model deltas (or gradients) in, the cluster's aggregate back to the members and up to the cloud."""
+
+    keep_raw = False     # forward each upload unchanged (relay)
+    may_restart = True   # a member lost and back mid-round restarts the cluster's round (a new attempt)
+
+    def __init__(self, ports: EdgePorts):
+        self.ports, self.cfg, self.id, self.index, self.dim = ports, ports.cfg, ports.id, ports.index, ports.dim
+        self.uplink, self.downlink, self.backhaul_link = (ports.links[k] for k in ("uplink", "downlink", "backhaul"))
+        self.edge_weights = plans.weights_rule(self.cfg, "edge")
+
+    def start_attempt(self, ctx: ClusterRound, barriers: dict[int, Barrier]) -> None:
+        """Set who takes part in each upload phase of a new attempt (barrier.expected; default: every member)."""
+
+    # ---- one device upload --------------------------------------------------------------------
+    def validate(self, ctx: ClusterRound, envelope: pb.Envelope, barrier: Barrier) -> Contribution:
+        """Decode a member's upload for `barrier` (raises WireError and changes nothing but the DP charge)."""
+        meta, node = envelope.meta, envelope.meta.sender_id
+        name = "gradient" if barrier.kind == plans.EDGE_GRADIENT_STEP else "delta"
+        dp = on_wire.from_transforms(meta.transforms, allowed={node})
+        stream = on_wire.stream_of(ctx.plan, meta.step)
+        on_wire.check_device_records(dp, ctx.cplan, node, stream, expected=barrier.kind == plans.EDGE_MODEL_SYNC
+                                     and bool(ctx.cplan) and ctx.cplan.get("trusted", 0.0) != 1.0
+                                     and ctx.cplan.get(f"noise_z_{stream}", 0.0) > 0)
+        # charged at receipt: the noisy upload is released to this edge even if a later check or a restart of the
+        # barrier discards it
+        ctx.dp_records.extend(dp)
+        # the channel's draw is the sender's own (keyed by the device, not by this edge)
+        vec, _ = self.uplink.receive(wire.single_tensor(envelope, name), self.dim, self.cfg.run.seed,
+                                     topology.device_index(node), ctx.round, meta.step)
+        scalars = validate.check_scalars(envelope.scalars, node)
+        q = next((t.params["q_measured"] for t in meta.transforms if t.stage == "encode" and "q_measured" in t.params), None)
+        raw = envelope.SerializeToString() if self.keep_raw else b""
+        return Contribution(vec, self.ports.samples[node], scalars, dp, q, raw)
+
+    # ---- a phase's uploads are in ----------------------------------------------------------------
+    async def settle(self, ctx: ClusterRound, barrier: Barrier, phase: pb.Phase, step: int,
+                     cluster_w: np.ndarray) -> np.ndarray:
+        """Aggregate the phase's uploads, give the members their reply (and release the barrier); the cluster model."""
+        nodes = sorted(barrier.contributions)  # arrival order must not matter
+        reply_vec, name = None, ""
+        # under Poisson client sampling an empty draw still releases noise: the accountant's subsampled
+        # mechanism is "sum of the drawn / fixed denominator + N", whatever was drawn
+        if nodes or "fixed_denominator" in ctx.cplan:
+            contributions = [barrier.contributions[n] for n in nodes]
+            weights = [c.samples if self.edge_weights == "samples" else 1 for c in contributions]
+            agg = self._aggregate(ctx, contributions, weights, nodes, phase, step)
+            ctx.tally.losses.extend(c.scalars["train_loss"] for c in contributions if "train_loss" in c.scalars)
+            ctx.tally.betas.extend(c.scalars["beta_estimate"] for c in contributions if "beta_estimate" in c.scalars)
+            if phase.kind == plans.EDGE_GRADIENT_STEP:
+                cluster_w = cluster_w - np.float32(phase.params["lr"]) * agg
+                reply_vec, name = agg, "gradient"
+            else:
+                cluster_w = cluster_w + agg
+                if plans.downlink_after(ctx.plan, step):
+                    reply_vec, name = cluster_w, "model"
+        self._release(ctx, barrier, phase, step, nodes, reply_vec, name)
+        return cluster_w
+
+    def _release(self, ctx: ClusterRound, barrier: Barrier, phase: pb.Phase, step: int, nodes: list[str],
+                 reply_vec: np.ndarray | None, name: str) -> None:
+        reply = pb.Envelope(meta=pb.Meta(run_id=ctx.run_id, round=ctx.round, phase=phase.kind, step=step,
+                                         sender_id=self.id, num_devices=len(nodes), attempt=ctx.attempt))
+        if reply_vec is not None:
+            reply.tensors.append(self.downlink.send(reply_vec, name, self.cfg.run.seed, self.index, ctx.round, step)[0])
+        payload = reply.SerializeToString()
+        barrier.reply = list(wire.to_chunks(payload, self.ports.chunk_bytes))
+        barrier.reply_size = len(payload)
+        self.ports.clock.phase(step, barrier.contributions, barrier.reply_size)
+        barrier.released.set()
+
+    def _aggregate(self, ctx: ClusterRound, contributions: list[Contribution], weights: list, nodes: list[str],
+                   phase: pb.Phase, step: int) -> np.ndarray:
+        """Aggregate as the round plan says: a trusted edge enforces the clip bound on each upload and adds one
+        noise draw to the aggregate (paper 000: local and global streams; DP-FedAvg: the fixed-denominator sum)."""
+        vecs = [c.vec for c in contributions]
+        trusted = ctx.cplan.get("trusted", 0.0) == 1.0 and phase.kind == plans.EDGE_MODEL_SYNC
+        ctx.tally.q_uplink.extend(c.q for c in contributions if c.q is not None)
+        if trusted:
+            for i, vec in enumerate(vecs):
+                vecs[i], over = on_wire.enforce_clip(vec, ctx.cplan)
+                ctx.clipped += over
+        if "fixed_denominator" in ctx.cplan:  # sum_k p_k Delta_k, p_k = d_k / (q_c d) (paper 002, Eq. 4)
+            acc = np.zeros(self.dim, np.float64)
+            for vec, c in zip(vecs, contributions):
+                acc += c.samples * vec.astype(np.float64)
+            agg = (acc / ctx.cplan["fixed_denominator"]).astype(np.float32)
+        else:
+            agg = robust.aggregate(self.cfg.pipeline.aggregate, self.cfg.pipeline.params, vecs, weights)
+        if trusted:
+            stream = on_wire.stream_of(ctx.plan, step)
+            # a fresh draw per attempt: two releases sharing one noise draw would cancel it in their difference
+            rng = dp_numpy_rng(self.cfg.privacy.noise_source, self.cfg.run.seed, "edge", self.index, ctx.round, step,
+                               "dp_noise", ctx.attempt)
+            agg, records = on_wire.edge_release(agg, ctx.cplan, stream, rng, weights, len(ctx.participants),
+                                                self.id, nodes, ctx.round)
+            ctx.dp_records.extend(records)
+        return agg
+
+    # ---- the cluster's result ---------------------------------------------------------------------
+    def backhaul(self, ctx: ClusterRound, step: int, delta: np.ndarray) -> tuple[list[pb.Tensor], list[pb.Transform]]:
+        """What the edge's result to the cloud carries: the encoded cluster delta."""
+        tensor, transforms = self.backhaul_link.send(delta, "delta", self.cfg.run.seed, self.index, ctx.round, step)
+        return [tensor], list(transforms)
+
+    def report(self, ctx: ClusterRound, members: set[str]) -> dict:
+        """The mode's scalars in the edge's result."""
+        return {}
+
+
+class RelayEdge(DigitalEdge):
+    """Every member upload is forwarded unchanged to the cloud's fusion, never re-aggregated here (paper 004, digest
+    P13); the members get an empty reply."""
+
+    keep_raw = True
+
+    def __init__(self, ports: EdgePorts):
+        super().__init__(ports)
+        self.groups = precision.resolve(self.cfg)
+
+    def validate(self, ctx, envelope, barrier):
+        # the fusion center's header checks (planned bits, range inside the group's clip), on receipt: a device whose
+        # upload is refused may still send an honest one, and its cluster's result is not refused for it (issue 24)
+        node = envelope.meta.sender_id
+        precision.check_upload_header(self.groups, wire.single_tensor(envelope, "delta"),
+                                      int(self.groups.device_plan(topology.device_index(node))["bits"]), node)
+        return super().validate(ctx, envelope, barrier)
+
+    async def settle(self, ctx, barrier, phase, step, cluster_w):
+        nodes = sorted(barrier.contributions)
+        contributions = [barrier.contributions[n] for n in nodes]
+        ctx.tally.relayed = [c.raw for c in contributions]
+        ctx.tally.losses.extend(c.scalars["train_loss"] for c in contributions if "train_loss" in c.scalars)
+        ctx.tally.q_uplink.extend(c.q for c in contributions if c.q is not None)
+        self._release(ctx, barrier, phase, step, nodes, None, "")
+        return cluster_w
+
+    def backhaul(self, ctx, step, delta):
+        return [], []
+
+
+class AirEdge(DigitalEdge):
+    """Members send normalised payloads over the air (paper 003, digest 2.3); the edge hands its cluster's emissions
+    of each slot to the cloud's medium and gives each member what it received."""
+
+    may_restart = False  # a cluster cannot replay its slots alone (they are shared): a member back takes the next round
+
+    def __init__(self, ports: EdgePorts):
+        super().__init__(ports)
+        from hfl.common.channel.plane import plane_for
+
+        self.plane = plane_for(self.cfg)
+
+    def start_attempt(self, ctx, barriers):
+        from hfl.common.channel import plane as air
+
+        members = self.ports.members
+        for i in air.air_steps(ctx.plan):
+            mask = air.listeners(self.plane, ctx.plan, ctx.round, i)
+            barriers[i].expected = {m for m in members if mask[topology.device_index(m)]}
+            mask = air.activity(self.plane, ctx.plan, ctx.round, i)
+            barriers[i].active = {m for m in members if mask[topology.device_index(m)]}
+            fails = ~air.passes_th0(self.plane, ctx.round, i, [topology.device_index(m) for m in members])
+            ctx.tally.dropped |= {m for m, fail in zip(members, fails) if fail}
+
+    def validate(self, ctx, envelope, barrier):
+        """An air upload: a normalised payload with its (mu, sigma) from a device the channel makes active in the
+        slot, nothing but scalars from one that only listens (paper 003, eq. 15; digest 2.3)."""
+        from hfl.common.channel import plane as air
+
+        node, meta = envelope.meta.sender_id, envelope.meta
+        slot = air.slot_id(meta.round, meta.step)
+        if barrier.expected is not None and node not in barrier.expected:
+            raise wire.WireError(grpc.StatusCode.FAILED_PRECONDITION,
+                                 f"{node} failed the downlink test th0 earlier in round {meta.round}: it sits out the "
+                                 "rest of the round", "air_dropped")
+        scalars = validate.check_scalars(envelope.scalars, node)
+        active = node in barrier.active
+        if not envelope.tensors:
+            if active:
+                raise wire.WireError(grpc.StatusCode.INVALID_ARGUMENT, f"{node} is active in slot {slot} "
+                                     "(|f|^2 >= th1): it must transmit its normalised payload", "air_missing_payload")
+            return Contribution(None, self.ports.samples[node], scalars)
+        if not active:
+            raise wire.WireError(grpc.StatusCode.FAILED_PRECONDITION, f"{node} is not active in slot {slot} "
+                                 "(|f|^2 < th1 to its edge): it may only listen", "air_not_active")
+        if "air_mu" not in scalars or "air_sigma" not in scalars:
+            raise wire.WireError(grpc.StatusCode.INVALID_ARGUMENT, "an air payload needs its air_mu and air_sigma "
+                                 "(payload normalisation, paper 003 eqs. 12-13)", "air_scalars")
+        vec = wire.decode_array(wire.single_tensor(envelope, "air"), [self.dim])
+        mean, std = float(vec.mean(dtype=np.float64)), float(vec.std(dtype=np.float64))
+        if abs(mean) > 1e-3 or abs(std - 1.0) > 1e-3:
+            raise wire.WireError(grpc.StatusCode.INVALID_ARGUMENT, f"air payload of {node} is not normalised (mean "
+                                 f"{mean:.3g}, std {std:.3g}; expected 0 and 1)", "air_not_normalised")
+        return Contribution(vec, self.ports.samples[node], scalars)
+
+    async def settle(self, ctx, barrier, phase, step, cluster_w):
+        """Hand the cluster's emissions of an air slot to the medium and give each member what it received; an edge
+        whose members all sat out still takes part, so the medium never waits for it."""
+        nodes = sorted(barrier.contributions)
+        meta = pb.Meta(run_id=ctx.run_id, round=ctx.round, phase=phase.kind, step=step, sender_id=self.id,
+                       num_devices=len(nodes))
+        emission = pb.Envelope(meta=meta)
+        for n in nodes:
+            c = barrier.contributions[n]
+            emission.scalars[f"listen:{n}"] = c.scalars.get("model_sum", 0.0)
+            if "train_loss" in c.scalars:
+                ctx.tally.losses.append(c.scalars["train_loss"])
+            if c.vec is not None:
+                emission.tensors.append(wire.encode(c.vec, "float32", n))
+                emission.scalars[f"mu:{n}"] = c.scalars["air_mu"]
+                emission.scalars[f"sigma:{n}"] = c.scalars["air_sigma"]
+        chunks = list(wire.chunked(emission, self.ports.chunk_bytes))
+        try:
+            reply = await self.ports.air_call(chunks, f"air slot of round {ctx.round} phase {step}")
+            rows = {t.name: t for t in reply.tensors}  # each device decodes and checks its own row
+            for n in nodes:
+                if n not in rows:
+                    raise wire.WireError(grpc.StatusCode.INTERNAL, f"the medium sent nothing for {n}", "air_reply")
+        except (grpc.aio.AioRpcError, wire.WireError) as exc:
+            detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+            barrier.failed = f"the medium gave nothing back for round {ctx.round} phase {step}: {detail}"
+            log.error("%s: %s", self.id, barrier.failed)
+            barrier.released.set()  # the service makes the phase's members sit out the rest of the round
+            return cluster_w
+        for n in nodes:
+            tensor = pb.Tensor()
+            tensor.CopyFrom(rows[n])
+            tensor.name = "air"
+            out = pb.Envelope(meta=meta, tensors=[tensor], scalars=dict(reply.scalars))
+            payload = out.SerializeToString()
+            barrier.replies[n] = (list(wire.to_chunks(payload, self.ports.chunk_bytes)), len(payload))
+        self.ports.clock.air_phase(step, barrier.contributions, self.plane, self.dim)
+        barrier.released.set()
+        return cluster_w
+
+    def backhaul(self, ctx, step, delta):
+        return [], []  # the medium holds the round's model
+
+    def report(self, ctx, members):
+        return {"air_dropped": float(len(ctx.tally.dropped & members))}

@@ -1,0 +1,63 @@
+"""What an edge holds for one cluster round: the barriers of its upload phases, the uploads they collected, and
+what the round's attempts reported (shared by the edge service and its round mode, edge_server/modes.py)."""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hfl.proto import hfl_v1_pb2 as pb
+
+
+@dataclass
+class Contribution:
+    vec: np.ndarray | None
+    samples: int
+    scalars: dict
+    dp: list = field(default_factory=list)  # DP events the device recorded on its upload
+    q: float | None = None                  # the quantizer error the device measured on its upload, if any
+    raw: bytes = b""                        # relay mode: the device's upload as received, forwarded unchanged
+
+
+@dataclass
+class Barrier:
+    """Collects one phase's uploads from every member of the attempt; releases all waiters with one reply."""
+
+    step: int
+    kind: str
+    contributions: dict[str, Contribution] = field(default_factory=dict)
+    released: asyncio.Event = field(default_factory=asyncio.Event)
+    aborted: bool = False
+    reply: list[pb.Chunk] = field(default_factory=list)
+    reply_size: int = 0
+    replies: dict[str, tuple[list[pb.Chunk], int]] = field(default_factory=dict)  # air phases: each device its own
+    expected: set[str] | None = None  # the members the mode lets take part (None: every member)
+    active: set[str] = field(default_factory=set)  # air phases: the members the channel makes transmit
+    failed: str = ""  # why the phase gave nothing back (the members sit the round out)
+
+
+@dataclass
+class Tally:
+    """What one attempt's uploads carried, reported to the cloud with the cluster's result."""
+
+    losses: list[float] = field(default_factory=list)
+    q_uplink: list[float] = field(default_factory=list)
+    betas: list[float] = field(default_factory=list)
+    relayed: list[bytes] = field(default_factory=list)
+    dropped: set[str] = field(default_factory=set)  # members the mode made sit out the rest of the round
+
+
+@dataclass
+class ClusterRound:
+    """One cluster round over all its attempts."""
+
+    run_id: str
+    round: int
+    cplan: dict                 # the cloud's plan for this cluster (trust, noise, clip)
+    participants: set[str]
+    attempt: int = 0
+    plan: list = field(default_factory=list)
+    dp_records: list = field(default_factory=list)  # every attempt's: an aborted attempt's releases count all the same
+    clipped: int = 0
+    tally: Tally = field(default_factory=Tally)

@@ -1,0 +1,39 @@
+"""An example round mode from a plugin: no service file changes, only registrations.
+
+"signvote": each edge settles its members' model deltas by a majority vote of their signs, scaled by the mean
+absolute coordinate (signSGD with majority vote, Bernstein et al. 2019, on model deltas); devices and the cloud do
+what they do in the digital mode. The algorithm "hierfavg-signvote" runs HierFAVG's schedule in this mode:
+
+    hfl run --set run.plugins='["examples/sign_vote_mode.py"]' --set run.algorithm=hierfavg-signvote
+
+A mode is one entry of common.modes.MODES naming a class per tier (docs/plugins.md); each tier's class gets that
+tier's narrow ports and overrides what differs from the digital mode.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from hfl.common import plans
+from hfl.common.modes import MODES, Mode
+from hfl.edge_server.modes import DigitalEdge
+
+
+def sign_vote(vectors: list[np.ndarray]) -> np.ndarray:
+    """sign(sum_i sign(v_i)) * mean_i mean_j |v_ij|: the members' majority direction at their mean step size."""
+    stacked = np.stack([np.asarray(v, np.float64) for v in vectors])
+    return (np.sign(np.sign(stacked).sum(axis=0)) * np.abs(stacked).mean()).astype(np.float32)
+
+
+class SignVoteEdge(DigitalEdge):
+    def _aggregate(self, ctx, contributions, weights, nodes, phase, step):
+        if phase.kind != plans.EDGE_MODEL_SYNC or not contributions:
+            return super()._aggregate(ctx, contributions, weights, nodes, phase, step)
+        return sign_vote([c.vec for c in contributions])
+
+
+MODES.register("signvote", Mode("signvote", ("ideal",), "hfl.cloud_server.modes:DigitalCloud", SignVoteEdge,
+                                "hfl.device_client.modes:DigitalDevice",
+                                "device -> edge model deltas, settled by a majority vote of their signs"))
+plans.ALGORITHMS.register("hierfavg-signvote", plans.Algorithm(
+    "hierfavg-signvote", plans.hierfavg, "samples", "devices", "example plugin: HierFAVG with sign-vote edges",
+    mode="signvote"))

@@ -1,0 +1,27 @@
+"""Two tiers. `python -m pytest` with no paths and no -m is the developer's loop: unit tests plus the real-process
+tests marked `fast` (one per round mode); `python -m pytest --full` (the README's test command, .ci/run) runs every
+test, real-process integration and Docker e2e included. Naming test files or a marker expression runs what is named."""
+import pytest
+
+
+def pytest_addoption(parser):
+    parser.addoption("--full", action="store_true",
+                     help="run every test: all real-process integration tests and the Docker e2e tests")
+
+
+def _fast_tier(config) -> bool:
+    if config.getoption("--full") or config.option.markexpr or config.option.keyword:
+        return False
+    named = [a for a in config.invocation_params.args if not str(a).startswith("-")]
+    return not named
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    if not _fast_tier(config):
+        return
+    skip = pytest.mark.skip(reason="full tier: `python -m pytest --full` (the README's test command) runs it")
+    for item in items:
+        path = str(item.fspath)
+        if ("/integration/" in path or "/e2e/" in path) and not item.get_closest_marker("fast"):
+            item.add_marker(skip)

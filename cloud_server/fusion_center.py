@@ -21,7 +21,7 @@ from google.protobuf.message import DecodeError
 
 from hfl.common import metrics, plans, relay_tag, topology, validate, wire
 from hfl.common.pipeline import Link, StageRef
-from hfl.common.quantization import codecs, fusion, precision, theory
+from hfl.common.quantization import fusion, precision, theory
 from hfl.common.seeding import numpy_rng
 from hfl.proto import hfl_v1_pb2 as pb
 
@@ -125,17 +125,8 @@ class FusionCenter:
             if tensor.encoding != self.codec:
                 raise _refuse(f"{node}'s upload is {validate.short(tensor.encoding)}, the run's uplink codec is "
                               f"{self.codec}", "wrong_codec")
-            payload = codecs.read_payload(tensor)
             bits = int(drawn[node]["bits"])
-            if payload.levels != 1 << bits:
-                raise _refuse(f"{node} quantized with {payload.levels} levels; its plan gives b = {bits} bits "
-                              f"({1 << bits} levels)", "bad_header")
-            lo, hi = float(payload.side[0]), float(payload.side[1])
-            bound = None if self.groups.clip is None else self.groups.clip * (1 + 1e-6)  # float32 side values
-            if bound is not None and not -bound <= lo <= hi <= bound:
-                # an l1-clipped update has every coordinate in [-C, C]: a wider range is not an honest device's
-                raise _refuse(f"{node}'s quantizer range [{lo:.6g}, {hi:.6g}] exceeds its group's clip "
-                              f"C = {self.groups.clip:g}", "bad_header")
+            payload = precision.check_upload_header(self.groups, tensor, bits, node)
             std = float(drawn[node]["link_std"])
             link = StageRef("channel", "awgn", {"std": std}) if std > 0 else None
             y, _ = self.uplink.receive(tensor, self.dim, self.cfg.run.seed, topology.device_index(node), r, meta.step,

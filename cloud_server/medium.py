@@ -59,8 +59,9 @@ def _refuse(code: grpc.StatusCode, message: str, reason: str) -> wire.WireError:
 
 
 class Medium:
-    def __init__(self, cfg, run_dir: pathlib.Path, dim: int):
+    def __init__(self, cfg, run_dir: pathlib.Path, dim: int, refusals=None):
         self.cfg = cfg
+        self.refusals = refusals  # service_base.Refusals: a transmitter left out is a refusal with its reason
         self.dim = dim
         self.plane = air.plane_for(cfg)
         self.edges = topology.edge_ids(cfg)
@@ -219,8 +220,12 @@ class Medium:
         sigma = [s for e in edges for s in slot.emissions[e].sigma]
         keep = medium_fn.side_info_accepted(mu, sigma, self.cfg.channel.side_info_bound)
         if not keep.all():  # counted and left out of the superposition: the others' slot goes on
-            log.warning("air slot %s: refused implausible side information of %s", key,
-                        [n for n, k in zip(tx, keep) if not k])
+            owner = [e for e in edges for _ in slot.emissions[e].tx]
+            for i in np.flatnonzero(~keep):
+                log.warning("air slot %s: left out %s of %s (implausible side information)", key, tx[i], owner[i])
+                if self.refusals is not None:
+                    self.refusals.add("air_side_info", owner[i], f"slot {key}: {tx[i]}'s mu {mu[i]:.6g}, sigma "
+                                      f"{sigma[i]:.6g} far outside the slot's others' (channel.side_info_bound)")
             tx = [n for n, k in zip(tx, keep) if k]
             payloads, mu, sigma = payloads[keep], list(np.asarray(mu)[keep]), list(np.asarray(sigma)[keep])
         idx = lambda nodes: np.array([topology.device_index(n) for n in nodes], dtype=np.int64)  # noqa: E731

@@ -46,6 +46,7 @@ class CloudPorts:
     expected_edges: Callable[[], list[str]]     # the edges still worth waiting for (live, not given up)
     drop_edges: Callable[[set[str]], None]      # stop waiting for these in this round (they are back when they submit)
     slot_timeout_s: float                       # how long a shared slot waits for a missing edge
+    refusals: object = None                     # service_base.Refusals: what a mode refuses outside an RPC is counted
 
 
 @dataclass
@@ -160,7 +161,7 @@ class AirCloud(DigitalCloud):
         super().__init__(ports)
         from .medium import Medium
 
-        self.medium = Medium(self.cfg, self.run_dir, self.dim)
+        self.medium = Medium(self.cfg, self.run_dir, self.dim, ports.refusals)
         self.round_models: dict = {}
 
     def accept(self, edge: str, envelope: pb.Envelope, round_: int, records) -> Accepted:

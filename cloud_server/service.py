@@ -75,6 +75,7 @@ class CloudServer(Gate, pbg.CloudServiceServicer):
         self.claims: dict[str, str] = {}  # an edge site's own trust claim (it can only lower the policy)
         self.stop_reason: str | None = None
         self.refusals = Refusals()
+        self.slot_dropped: set[str] = set()  # edges a shared slot went on without, since the round began
         self.board = RoundBoard()
         self.round = -1
         self.results: dict[str, EdgeResult] = {}
@@ -110,7 +111,7 @@ class CloudServer(Gate, pbg.CloudServiceServicer):
         self.cluster_samples = {e: sum(self.device_samples[topology.device_index(d)]
                                        for d in topology.edge_members(self.cfg, topology.edge_index(e))) for e in self.edges}
         self.mode = modes.build(self.cfg, "cloud", CloudPorts(self.cfg, self.run_dir, self.dim, self._expected_edges,
-                                                              self._drop_edges, self._slot_timeout()))
+                                                              self._drop_edges, self._slot_timeout(), self.refusals))
         self.first_round, self.rows = 0, []
         self.startup_seconds: float | None = None
         if self.resume:
@@ -197,8 +198,9 @@ class CloudServer(Gate, pbg.CloudServiceServicer):
         return [e for e in self.edges if e not in self.live.absent and (self.live.sessions.has(e) or e in self.live.lost)]
 
     def _drop_edges(self, edges) -> None:
-        """Silent in a slot: not waited for again this round (back when it submits)."""
+        """Silent in a slot: not waited for again this round, expected again from the next (issue 24, finding 5)."""
         self.live.absent |= set(edges)
+        self.slot_dropped |= set(edges)
         self.live.poke()
 
     def _slot_timeout(self) -> float:
@@ -309,6 +311,8 @@ class CloudServer(Gate, pbg.CloudServiceServicer):
             if not (self.resume and r == self.first_round):  # a resumed round keeps what was accepted already
                 self.round = r
                 self.results = {}
+            self.live.absent -= {e for e in self.slot_dropped if self.live.sessions.has(e)}
+            self.slot_dropped.clear()
             decision = self.mode.decide(r)
             try:
                 clusters = self.mode.cluster_plans(r, decision)

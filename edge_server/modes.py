@@ -12,6 +12,7 @@ import numpy as np
 
 from hfl.common import plans, robust, topology, validate, wire
 from hfl.common.privacy import on_wire
+from hfl.common.quantization import precision
 from hfl.common.secret_random import dp_numpy_rng
 from hfl.proto import hfl_v1_pb2 as pb
 
@@ -149,6 +150,18 @@ class RelayEdge(DigitalEdge):
     P13); the members get an empty reply."""
 
     keep_raw = True
+
+    def __init__(self, ports: EdgePorts):
+        super().__init__(ports)
+        self.groups = precision.resolve(self.cfg)
+
+    def validate(self, ctx, envelope, barrier):
+        # the fusion center's header checks (planned bits, range inside the group's clip), on receipt: a device whose
+        # upload is refused may still send an honest one, and its cluster's result is not refused for it (issue 24)
+        node = envelope.meta.sender_id
+        precision.check_upload_header(self.groups, wire.single_tensor(envelope, "delta"),
+                                      int(self.groups.device_plan(topology.device_index(node))["bits"]), node)
+        return super().validate(ctx, envelope, barrier)
 
     async def settle(self, ctx, barrier, phase, step, cluster_w):
         nodes = sorted(barrier.contributions)

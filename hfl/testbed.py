@@ -12,7 +12,9 @@ Device hosts follow `topology.host_layout`: per_core (default) starts `topology.
 one per core) named devices-cH, each emulating a contiguous share of all devices of all edges; per_edge
 starts `hosts_per_edge` hosts per edge named devices-EEE-H. `skip_hosts` names per-edge hosts (a test
 plays their devices), so a Testbed given skip_hosts uses the per_edge layout; so does one with `certs`
-(a per-core host would need to discover edges whose devices its certificate does not name).
+(a per-core host would need to discover edges whose devices its certificate does not name). `via` names nodes (an
+edge, a per-edge host) that dial another address than their upstream's: a test's proxy in front of it
+(tests/integration/mitm.py plays a compromised node that way).
 """
 from __future__ import annotations
 
@@ -124,6 +126,7 @@ class Testbed:
     resume: bool = False                    # continue the run in run_dir from its checkpoint (config from run_dir)
     force: bool = False                     # start over in a run_dir that holds a run (its records are deleted)
     tolerate_failures: bool = False         # a dead edge or device host is recorded, not fatal (the cloud's death is)
+    via: dict = field(default_factory=dict)  # node name -> address it dials instead of its upstream (a test's proxy)
     nodes: dict[str, Node] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
@@ -238,7 +241,8 @@ class Testbed:
             edges = []
             for e in range(self.cfg.topology.edges):
                 name = edge_id(e)
-                edges.append(self._spawn(name, ["edge", "--id", name, "--listen", "127.0.0.1:0", "--cloud", cloud_address,
+                edges.append(self._spawn(name, ["edge", "--id", name, "--listen", "127.0.0.1:0",
+                                                "--cloud", self.via.get(name, cloud_address),
                                                 "--port-file", str(self.ports / name), "--metrics-listen", "127.0.0.1:0"]
                                          + (["--rejoin"] if self.resume else [])))
             if self.cfg.topology.host_layout == "per_edge":
@@ -247,7 +251,7 @@ class Testbed:
                     for h in range(self.cfg.topology.hosts_per_edge):
                         name = f"devices-{e:03d}-{h}"
                         if name not in self.skip_hosts:
-                            self._spawn(name, ["devices", "--edge", address, "--host-index", str(h),
+                            self._spawn(name, ["devices", "--edge", self.via.get(name, address), "--host-index", str(h),
                                                "--hosts", str(self.cfg.topology.hosts_per_edge)])
             else:
                 addresses = [self._wait_port(edge, deadline) for edge in edges]

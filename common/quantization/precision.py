@@ -39,6 +39,28 @@ class Groups:
         return out
 
 
+def check_upload_header(groups: Groups, tensor, bits: int, node: str):
+    """A relayed upload's header against what its receiver knows (issue 24, finding 3): the levels of the device's
+    planned b bits, and a range inside [-C, C] (an l1-clipped update has every coordinate there). The edge checks it
+    on receipt, so that the device may still send an honest upload, and the fusion center again. Returns the parsed
+    payload; raises WireError (INVALID_ARGUMENT, bad_header)."""
+    import grpc
+
+    from ..wire import WireError
+    from .codecs import read_payload
+
+    payload = read_payload(tensor)
+    if payload.levels != 1 << bits:
+        raise WireError(grpc.StatusCode.INVALID_ARGUMENT, f"{node} quantized with {payload.levels} levels; its plan "
+                        f"gives b = {bits} bits ({1 << bits} levels)", "bad_header")
+    lo, hi = float(payload.side[0]), float(payload.side[1])
+    bound = None if groups.clip is None else groups.clip * (1 + 1e-6)  # float32 side values
+    if bound is not None and not -bound <= lo <= hi <= bound:
+        raise WireError(grpc.StatusCode.INVALID_ARGUMENT, f"{node}'s quantizer range [{lo:.6g}, {hi:.6g}] exceeds its "
+                        f"group's clip C = {groups.clip:g}", "bad_header")
+    return payload
+
+
 def resolve(cfg) -> Groups:
     """The run's groups: [precision] groups, or one group of every device at the uplink codec's bits."""
     p = cfg.precision

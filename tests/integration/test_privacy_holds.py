@@ -2,8 +2,6 @@
 different noise; only the explicit replay option reproduces it), nothing un-noised leaves a private device (the
 envelopes an edge receives, as it logs their keys), and a resumed run keeps every release charged."""
 import json
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -117,26 +115,3 @@ def test_uploads_of_a_restarted_attempt_are_charged(hfl_testbed):
         # 6 devices x (K_l + 1 = 2) uploads in one attempt; the aborted attempt's uploads come on top
         assert releases > 12, lines[r]
 
-
-def test_a_device_id_cannot_be_squatted_without_the_join_secret(hfl_testbed):
-    """Issue 24, finding 6: without TLS, an outsider registering dev-00000 before its host did won the id; the run's
-    join secret (handed by the Testbed / hfl run to its processes only) now decides. The real host then registers
-    and the run completes."""
-    import grpc
-
-    from .rawclient import RawDevice
-
-    tb = hfl_testbed(overrides=SMALL + ["run.rounds=1", "topology.host_layout=per_edge"], skip_hosts={"devices-000-0"})
-    outsider = RawDevice(tb.edge_addresses[0], "dev-00000", insider=False)
-    with pytest.raises(grpc.RpcError) as err:
-        outsider.register()
-    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED and "join secret" in err.value.details()
-    # the real host, started with the run's secret (this session's HFL_JOIN_SECRET, which the Testbed handed out)
-    host = subprocess.Popen([sys.executable, "-m", "hfl.cli", "devices", "--edge", tb.edge_addresses[0],
-                             "--host-index", "0", "--hosts", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        summary = tb.wait(timeout=300)
-    finally:
-        host.kill()
-        host.wait()
-    assert summary["rounds"] == 1 and tb.metrics()[-1]["devices"] == 6

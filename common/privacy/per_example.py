@@ -272,12 +272,27 @@ def _tail_matrix(length: int, first: int, count: int, n: int, weighted: bool) ->
     return m, torch.tensor(weights, dtype=torch.float64)
 
 
+_BLOCK = 4  # arrays of at most _BLOCK_MAX values go through blocks of 2^_BLOCK values, _BLOCK levels in one product
+_BLOCK_MAX = 1 << 17
+
+
+@functools.lru_cache(maxsize=256)
+def _block_weights(first: int, count: int, n: int, weighted: bool) -> torch.Tensor:
+    """The weights of _tail_matrix(2^count, first, count, n, weighted) as float32 (its products are float32)."""
+    return _tail_matrix(1 << count, first, count, n, weighted)[1].to(torch.float32)
+
+
 def _haar_levels(s: torch.Tensor, first: int, last: int, n: int, acc: torch.Tensor, weighted: bool) -> torch.Tensor:
     """Levels first..last of an n-level HWT on block sums s [B, L] (blocks of 2^(first-1), zero padded on the
     right). Adds to acc [B] (float64) Q_j for each j < n (weighted) or 4^-j E_j (not); returns the block sums at
-    level `last`. Long rows go level by level (strided pair sums), short ones in one product (_tail_matrix)."""
+    level `last`. Large arrays go level by level (strided pair sums: about one add per value, memory bound);
+    smaller ones _BLOCK levels at a time, viewed as [B L / 2^_BLOCK, 2^_BLOCK] in one product with the cached
+    matrix of a block's pair sums (or differences) at those levels, whose last column is the block's sum (2^_BLOCK
+    multiply-adds per value, but a handful of calls where per-call dispatch is what costs); short rows finish in
+    one product (_tail_matrix)."""
+    b = s.shape[0]
     j, norms, weights = first, [], []
-    while j <= last and s.shape[1] > _TAIL:
+    while j <= last and s.shape[1] > _TAIL and s.numel() > _BLOCK_MAX:
         if s.shape[1] % 2:
             s = F.pad(s, (0, 1))
         left, right = s[:, 0::2], s[:, 1::2]
@@ -290,7 +305,17 @@ def _haar_levels(s: torch.Tensor, first: int, last: int, n: int, acc: torch.Tens
             weights.append(1.0)
         j += 1
     if norms:
-        acc.add_(torch.stack(norms, 1).to(torch.float64).square() @ torch.tensor(weights, dtype=torch.float64))
+        acc.add_(torch.stack(norms, 1).square() @ torch.tensor(weights))
+    while j <= last and s.shape[1] > _TAIL:
+        c = min(_BLOCK, last - j + 1)
+        size = 1 << c
+        if s.shape[1] % size:
+            s = F.pad(s, (0, -s.shape[1] % size))
+        m, _ = _tail_matrix(size, j, c, n, weighted)
+        out = s.reshape(-1, size) @ m  # [B L / size, K]: every level's values of each block, its sum last
+        s = out[:, -1].view(b, -1).contiguous()  # a strided view would take the product's slow path
+        acc.add_(out.square_().view(b, -1, m.shape[1]).sum(1) @ _block_weights(j, c, n, weighted))
+        j += c
     if j <= last:
         m, w = _tail_matrix(s.shape[1], j, last - j + 1, n, weighted)
         out = s @ m
@@ -303,6 +328,51 @@ def _tail_width(length: int, count: int) -> int:
     """How many block sums rows of `length` have after `count` more levels (as _tail_matrix pads them)."""
     c = min(count, max(0, (length - 1).bit_length()))
     return -(-length // (1 << c))
+
+
+_GROUP_LEVELS = 3  # at most this many levels past J0 in row groups of up to 2^_GROUP_LEVELS rows
+
+
+@functools.lru_cache(maxsize=64)
+def _group_matrix(cols: int, k: int) -> torch.Tensor:
+    """[cols, cols (2 + 4 + ... + 2^k)] 0/1: S @ it gives, for t = 1..k in turn, C_t [cols, 2^t] (row-major) of a row S
+    of `cols` block sums: rows r of a group of G = 2^t laid out row-major and cut into blocks of G values, C_t[c, r]
+    the sum of the part of block c that lies in row r."""
+    parts = []
+    for t in range(1, k + 1):
+        g = 1 << t
+        m = np.zeros((cols, cols, g), dtype=np.float32)
+        col, r = np.meshgrid(np.arange(cols), np.arange(g), indexing="ij")  # the value S[col] in row r of the group
+        m[col, (r * cols + col) // g, r] = 1.0
+        parts.append(m.reshape(cols, -1))
+    return torch.from_numpy(np.concatenate(parts, 1))
+
+
+def _grouped_levels(d: torch.Tensor, sx: torch.Tensor, j0: int, k: int, n: int, acc: torch.Tensor,
+                    out: torch.Tensor) -> None:
+    """Levels j0+1..j0+k of a factored Linear layer d (x) S (S = sx, its input's level-j0 block sums [B, c]) without
+    the [B, out c] outer product: with rows in groups of G = 2^t (G | out), a group's G c values are exactly c blocks
+    of level j0+t, and block b of group g sums to sum_r d[g G + r] C_t[b, r], C_t[b, r] the part of S (in row r of
+    the group) inside block b (one product with a cached 0/1 matrix for every t). So Q_j0+t = sum_g ||C_t^T d_g||^2
+    = <sum_g d_g d_g^T, C_t^T C_t>, two [B, G, G] Gram matrices (float64) per level below j0+k, and the level-(j0+k)
+    block sums are one batched product [B, out / G, G] @ [B, G, c], written to `out` [B, out / G, c]. Adds Q_j
+    (j < n) to acc."""
+    b, cols = sx.shape
+    every = sx @ _group_matrix(cols, k)  # C_1, ..., C_k side by side
+    at = 0
+    for t in range(1, k + 1):
+        g = 1 << t
+        part = every[:, at:at + cols * g].view(b, cols, g)
+        at += cols * g
+        if t < k:
+            dg = d.view(b, -1, g).to(torch.float64)
+            p64 = part.to(torch.float64)
+            if j0 + t < n:
+                acc.add_((torch.bmm(dg.transpose(1, 2), dg) * torch.bmm(p64.transpose(1, 2), p64)).sum((1, 2)))
+        else:
+            torch.bmm(d.view(b, -1, g), part.transpose(1, 2), out=out)
+            if j0 + t < n:
+                acc.add_(_sq(out.reshape(b, -1)))
 
 
 def _segment_norm_sq(pieces: list, m: int, weighted: bool) -> torch.Tensor:
@@ -320,6 +390,15 @@ def _segment_norm_sq(pieces: list, m: int, weighted: bool) -> torch.Tensor:
     b = pieces[0][1].shape[0]
     dtype = pieces[0][1].dtype
     acc = torch.zeros(b, dtype=torch.float64)
+    # sound calibration: the factored layers go on k more levels in row groups (Gram products, see the comment above)
+    k = 0
+    if weighted and any(factored):
+        k = max(0, min([_GROUP_LEVELS, n - J] + [min(_trailing_zeros(pieces[i][1].shape[1]),
+                                                     _trailing_zeros(offsets[i]) - J)
+                                                 for i, f in enumerate(factored) if f]))
+        if b * sum(sizes[i] >> J for i, f in enumerate(factored) if f) <= _BLOCK_MAX:
+            k = 0  # a small outer product costs less than the Gram products that replace it
+    J, J0 = J + k, J  # the coarse array holds the level-J block sums; a's own levels stop at J0
     # the level-J block sums of the whole vector, written in place: factored layers as d (x) S_J(a), runs of dense
     # rows (each starts on a 2^J boundary and ends on one or, zero padded, at the data's end) after their levels 1..J
     width = sum(size >> J if f else 0 for size, f in zip(sizes, factored))
@@ -344,10 +423,14 @@ def _segment_norm_sq(pieces: list, m: int, weighted: bool) -> torch.Tensor:
             qa = torch.zeros(b, dtype=torch.float64)
             if weighted:
                 qa.add_(_sq(x), alpha=2.0)
-            sx = _haar_levels(x, 1, J, n, qa, weighted)  # the levels 1..J of a; d's norm factors out
+            sx = _haar_levels(x, 1, J0, n, qa, weighted)  # the levels 1..J0 of a; d's norm factors out
             acc.add_(qa * _sq(d))
             w = sizes[i] >> J
-            torch.mul(d[:, :, None], sx[:, None, :], out=coarse[:, at:at + w].view(b, d.shape[1], sx.shape[1]))
+            out = coarse[:, at:at + w].view(b, d.shape[1] >> k, sx.shape[1])
+            if k:
+                _grouped_levels(d, sx, J0, k, n, acc, out)
+            else:
+                torch.mul(d[:, :, None], sx[:, None, :], out=out)
             at += w
             i += 1
             continue
@@ -514,6 +597,14 @@ def noisy_sum(total: torch.Tensor, scales, layout: WaveletLayout | None, generat
     return total
 
 
+@functools.lru_cache(maxsize=16)
+def _wavelet_plan(sizes: tuple, scope: str, std: float) -> tuple[WaveletLayout, list[torch.Tensor]]:
+    """A dp_sgd call's wavelet layout and the compact noise scales (sigma S / W_c of the coefficients that are drawn),
+    built once per (sizes, scope, sigma S): building them for the mlp's m = 2^18 costs a fifth of a step. Read only."""
+    layout = WaveletLayout(list(sizes), scope)
+    return layout, compact_scales(layout, noise_scales(std, 1.0, layout))
+
+
 def draw_lot(n: int, q: float, lot: str, generator: torch.Generator) -> torch.Tensor:
     """Indices of one lot: each of the n examples independently with probability q ("poisson", Abadi et
     al.'s lot and the sampling the RDP accountant assumes) or a uniform subset of round(q n) ("fixed")."""
@@ -624,7 +715,8 @@ def dp_sgd(model: nn.Module, w: np.ndarray, shard, lr: float, steps: int, q: flo
         params[name] = theta[offset:offset + size].view_as(p)  # views: updating theta updates params
         offset += size
 
-    layout = WaveletLayout(sizes, wavelet_scope) if mechanism == "wavelet" else None
+    layout, wavelet_scales = _wavelet_plan(tuple(sizes), wavelet_scope, noise_multiplier * sensitivity) \
+        if mechanism == "wavelet" else (None, None)
     per_layer = layer_bounds is not None
     layers = _bookkeeping_layers(model)
     if grad_method == "bookkeeping":
@@ -637,9 +729,7 @@ def dp_sgd(model: nn.Module, w: np.ndarray, shard, lr: float, steps: int, q: flo
                 p.data = params[name]
         params = dict(model.named_parameters())
     segments = sizes if per_layer else None
-    noise_scale = noise_scales(noise_multiplier, sensitivity, layout)
-    if layout is not None:  # the scales of the coefficients that are drawn, gathered once
-        noise_scale = compact_scales(layout, noise_scale)
+    noise_scale = noise_scales(noise_multiplier, sensitivity, None) if layout is None else wavelet_scales
     width = theta.numel()
     expected_lot = float(fixed_lot_size(n, q) if lot == "fixed" else q * n)
 

@@ -492,22 +492,59 @@ def needed_coefficients(size: int, m: int) -> list[tuple[int, int]]:
     return [(0, 1)] + [(m + 1 - (m >> (j - 1)), -(-size // (1 << j))) for j in range(1, n + 1)]
 
 
-def haar_inverse_prefix(h: torch.Tensor, size: int, m: int) -> torch.Tensor:
+def haar_inverse_prefix(h: torch.Tensor, size: int, m: int, level_scales: Sequence[float] | None = None
+                        ) -> torch.Tensor:
     """IHWT(c)[:, :size] from the needed coefficients only: h [B, K] holds, in needed_coefficients order, the
-    coefficients that reach [0, size); every other coefficient of c is irrelevant to the result. O(size) work."""
+    coefficients that reach [0, size); every other coefficient of c is irrelevant to the result. O(size) work.
+    With `level_scales` (H_0's factor, then one per level 1..n) the coefficients are scaled on the way, as if h had
+    been multiplied by them first (the same float32 products), without that pass over h."""
     b, n = h.shape[0], m.bit_length() - 1
     j0, top = _inverse_top(size, m)
-    ends = np.cumsum([c for _, c in needed_coefficients(size, m)]).tolist()
+    ends = _needed_ends(size, m)
     # the coarse levels n..j0+1 (short rows) in one product with a cached matrix, then level by level
-    a = torch.cat([h[:, :1], h[:, ends[j0]:]], 1) @ _inverse_top_as(size, m, h.dtype) if j0 < n else h[:, :1]
+    if j0 < n:
+        coarse = torch.cat([h[:, :1], h[:, ends[j0]:]], 1)
+        if level_scales is not None:
+            coarse.mul_(_top_scales(size, m, tuple(level_scales), h.dtype))
+        a = coarse @ _inverse_top_as(size, m, h.dtype)
+    else:
+        a = h[:, :1] if level_scales is None else h[:, :1] * level_scales[0]
     for j in range(j0, 0, -1):  # coarse to fine: a_2i = a_i + d_i, a_2i+1 = a_i - d_i
         cnt = ends[j] - ends[j - 1]
         d = h[:, ends[j - 1]:ends[j]]
+        scale = 1.0 if level_scales is None else level_scales[j]
         out = torch.empty(b, cnt, 2, dtype=h.dtype)
-        torch.add(a, d, out=out[..., 0])
-        torch.sub(a, d, out=out[..., 1])
+        torch.add(a, d, alpha=scale, out=out[..., 0])
+        torch.sub(a, d, alpha=scale, out=out[..., 1])
         a = out.reshape(b, 2 * cnt)[:, :-(-size // (1 << (j - 1)))]
     return a
+
+
+@functools.lru_cache(maxsize=64)
+def _needed_ends(size: int, m: int) -> list[int]:
+    return np.cumsum([c for _, c in needed_coefficients(size, m)]).tolist()
+
+
+@functools.lru_cache(maxsize=64)
+def _top_scales(size: int, m: int, level_scales: tuple, dtype: torch.dtype) -> torch.Tensor:
+    """The factors of the coefficients haar_inverse_prefix takes to its top product: H_0, then levels j0+1..n."""
+    j0 = _inverse_top(size, m)[0]
+    spans = needed_coefficients(size, m)
+    return torch.tensor([level_scales[0]] + [level_scales[j] for j in range(j0 + 1, len(spans))
+                                             for _ in range(spans[j][1])], dtype=dtype)
+
+
+def per_level_scales(layout: WaveletLayout, compact: Sequence[torch.Tensor]) -> list:
+    """Per layout segment, compact noise scales (compact_scales) as one float per level (H_0, d(1), ..., d(n)) where
+    they are constant on each level, as noise_scales' sigma S / W_c are; else the tensor unchanged. wavelet_noise
+    then scales inside the inverse transform instead of in a pass over the draws."""
+    out = []
+    for size, m, sc in zip(layout.segments, layout.padded, compact):
+        ends = [0] + _needed_ends(size, m)
+        firsts = [float(sc[a]) for a in ends[:-1]]
+        levels = torch.repeat_interleave(torch.tensor(firsts, dtype=sc.dtype), torch.tensor(np.diff(ends)))
+        out.append(tuple(firsts) if torch.equal(levels, sc) else sc)
+    return out
 
 
 @functools.lru_cache(maxsize=64)
@@ -548,14 +585,17 @@ def compact_scales(layout: WaveletLayout, scales: torch.Tensor) -> list[torch.Te
 
 def wavelet_noise(layout: WaveletLayout, scales, generator: torch.Generator, batch: int) -> list[torch.Tensor]:
     """IHWT(z)[:P] per layout segment for z_c ~ N(0, scales_c^2) on every coefficient (scales [coeff_length], as
-    noise_scales gives, or compact_scales of them): the coefficients that only reach the padding are not drawn
-    (see the comment above)."""
+    noise_scales gives, or compact_scales or per_level_scales of them): the coefficients that only reach the padding are
+    not drawn (see the comment above)."""
     if isinstance(scales, torch.Tensor):
         scales = compact_scales(layout, scales)
     out = []
     for size, m, sc in zip(layout.segments, layout.padded, scales):
-        z = torch.randn(batch, len(sc), generator=generator).mul_(sc)
-        out.append(haar_inverse_prefix(z, size, m))
+        if isinstance(sc, tuple):  # one factor per level (per_level_scales): applied inside the inverse
+            out.append(haar_inverse_prefix(torch.randn(batch, _needed_ends(size, m)[-1], generator=generator), size,
+                                           m, sc))
+        else:
+            out.append(haar_inverse_prefix(torch.randn(batch, len(sc), generator=generator).mul_(sc), size, m))
     return out
 
 
@@ -599,10 +639,10 @@ def noisy_sum(total: torch.Tensor, scales, layout: WaveletLayout | None, generat
 
 @functools.lru_cache(maxsize=16)
 def _wavelet_plan(sizes: tuple, scope: str, std: float) -> tuple[WaveletLayout, list[torch.Tensor]]:
-    """A dp_sgd call's wavelet layout and the compact noise scales (sigma S / W_c of the coefficients that are drawn),
+    """A dp_sgd call's wavelet layout and the noise scales (sigma S / W_c of the coefficients that are drawn, per level),
     built once per (sizes, scope, sigma S): building them for the mlp's m = 2^18 costs a fifth of a step. Read only."""
     layout = WaveletLayout(list(sizes), scope)
-    return layout, compact_scales(layout, noise_scales(std, 1.0, layout))
+    return layout, per_level_scales(layout, compact_scales(layout, noise_scales(std, 1.0, layout)))
 
 
 def draw_lot(n: int, q: float, lot: str, generator: torch.Generator) -> torch.Tensor:

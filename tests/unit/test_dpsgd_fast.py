@@ -7,7 +7,7 @@ from torch import nn
 
 from hfl.common.models import build, get_flat, init_parameters
 from hfl.common.privacy.per_example import (_BLOCK_MAX, _bookkeeping_layers, _bookkeeping_parts, _grouped_levels,
-                                            bookkeeping_clipped_sum,
+                                            bookkeeping_clipped_sum, compact_scales, per_level_scales,
                                             clip_factors, clipped_sum, dp_sgd, example_norms, haar_inverse_prefix,
                                             layer_sizes, needed_coefficients, noise_scales, noisy_sum,
                                             per_example_gradients, wavelet_noise, wavelet_part_norms)
@@ -164,3 +164,21 @@ def test_norms_through_row_groups_equal_the_materialised_ones(name, shape):
     layout = WaveletLayout(layer_sizes(model), "flat")
     fast = wavelet_part_norms([parts[k] for k in params], layout, "sound")
     torch.testing.assert_close(fast, layout.row_norms(g.double(), "sound"), rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("scope", ["flat", "per_layer"])
+def test_noise_scaled_inside_the_inverse_equals_scaled_draws(scope):
+    # the per-level factors applied in the inverse against the same draws multiplied by the compact scales first:
+    # the same float32 products, up to a fused multiply-add (1e-6 relative)
+    layout = WaveletLayout([300, 7, 1000, 1, 159010], scope)
+    compact = compact_scales(layout, noise_scales(2.0, 1.5, layout))
+    levels = per_level_scales(layout, compact)
+    assert all(isinstance(s, tuple) for s in levels)
+    got = wavelet_noise(layout, levels, torch.Generator().manual_seed(9), 2)
+    want = wavelet_noise(layout, compact, torch.Generator().manual_seed(9), 2)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6 * float(w.abs().max()))
+    # scales that are not constant on a level stay a tensor (and keep the old path)
+    uneven = [c.clone() for c in compact]
+    uneven[-1][5] *= 2.0  # inside d(1)
+    assert isinstance(per_level_scales(layout, uneven)[-1], torch.Tensor)

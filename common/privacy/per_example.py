@@ -235,7 +235,7 @@ def _trailing_zeros(v: int) -> int:
 
 
 def _sq(v: torch.Tensor) -> torch.Tensor:
-    return torch.linalg.vector_norm(v, dim=1).to(torch.float64).square()
+    return torch.linalg.vector_norm(v, dim=1, dtype=torch.float64).square()
 
 
 _TAIL = 64  # rows this short finish their levels in one product with a cached matrix (dispatch, not flops, costs)
@@ -277,9 +277,9 @@ _BLOCK_MAX = 1 << 17
 
 
 @functools.lru_cache(maxsize=256)
-def _block_weights(first: int, count: int, n: int, weighted: bool) -> torch.Tensor:
-    """The weights of _tail_matrix(2^count, first, count, n, weighted) as float32 (its products are float32)."""
-    return _tail_matrix(1 << count, first, count, n, weighted)[1].to(torch.float32)
+def _tail_weights(length: int, first: int, count: int, n: int, weighted: bool) -> torch.Tensor:
+    """The weights of _tail_matrix(length, first, count, n, weighted) as float32 (its products are float32)."""
+    return _tail_matrix(length, first, count, n, weighted)[1].to(torch.float32)
 
 
 def _haar_levels(s: torch.Tensor, first: int, last: int, n: int, acc: torch.Tensor, weighted: bool) -> torch.Tensor:
@@ -314,12 +314,12 @@ def _haar_levels(s: torch.Tensor, first: int, last: int, n: int, acc: torch.Tens
         m, _ = _tail_matrix(size, j, c, n, weighted)
         out = s.reshape(-1, size) @ m  # [B L / size, K]: every level's values of each block, its sum last
         s = out[:, -1].view(b, -1).contiguous()  # a strided view would take the product's slow path
-        acc.add_(out.square_().view(b, -1, m.shape[1]).sum(1) @ _block_weights(j, c, n, weighted))
+        acc.add_(out.square_().view(b, -1, m.shape[1]).sum(1) @ _tail_weights(size, j, c, n, weighted))
         j += c
     if j <= last:
-        m, w = _tail_matrix(s.shape[1], j, last - j + 1, n, weighted)
+        m, _ = _tail_matrix(s.shape[1], j, last - j + 1, n, weighted)
         out = s @ m
-        acc.add_(out.square().to(torch.float64) @ w)
+        acc.add_(out.square() @ _tail_weights(s.shape[1], j, last - j + 1, n, weighted))
         s = out[:, m.shape[1] - _tail_width(s.shape[1], last - j + 1):]
     return s
 
@@ -375,32 +375,29 @@ def _grouped_levels(d: torch.Tensor, sx: torch.Tensor, j0: int, k: int, n: int, 
                 acc.add_(_sq(out.reshape(b, -1)))
 
 
-def _segment_norm_sq(pieces: list, m: int, weighted: bool) -> torch.Tensor:
-    """||W (.) HWT(g)||^2 (weighted) or ||HWT(g)||^2 [B] float64 of the per-example vectors g made of `pieces`
-    (book-keeping parts, contiguous from offset 0), padded to m: see the comment above."""
+@functools.lru_cache(maxsize=256)
+def _norm_plan(shapes: tuple, m: int, weighted: bool, b: int) -> tuple:
+    """What _segment_norm_sq does for pieces of these shapes (("linear", out, in) or ("rows", width)), computed once:
+    (n, J0, k, J, factored, sizes, width). Python bookkeeping per step is as costly as the small layers' arithmetic."""
     n = m.bit_length() - 1
-    sizes = [p[1].shape[1] * p[2].shape[1] if p[0] == "linear" else p[1].shape[1] for p in pieces]
+    sizes = [s[1] * s[2] if s[0] == "linear" else s[1] for s in shapes]
     offsets = np.cumsum([0] + sizes[:-1]).tolist()
-    aligned = [min(_trailing_zeros(p[2].shape[1]), _trailing_zeros(off)) if p[0] == "linear" and size >=
-               _FACTORED_MIN else 0 for p, size, off in zip(pieces, sizes, offsets)]
+    aligned = [min(_trailing_zeros(s[2]), _trailing_zeros(off)) if s[0] == "linear" and size >= _FACTORED_MIN else 0
+               for s, size, off in zip(shapes, sizes, offsets)]
     # the common coarse level J: the alignment of the least aligned large Linear layer (those below J materialise)
     big = [a for a in aligned if a > 0]
     J = min(min(big), n) if big else 0
     factored = [J > 0 and a >= J for a in aligned]
-    b = pieces[0][1].shape[0]
-    dtype = pieces[0][1].dtype
-    acc = torch.zeros(b, dtype=torch.float64)
     # sound calibration: the factored layers go on k more levels in row groups (Gram products, see the comment above)
     k = 0
     if weighted and any(factored):
-        k = max(0, min([_GROUP_LEVELS, n - J] + [min(_trailing_zeros(pieces[i][1].shape[1]),
-                                                     _trailing_zeros(offsets[i]) - J)
+        k = max(0, min([_GROUP_LEVELS, n - J] + [min(_trailing_zeros(shapes[i][1]), _trailing_zeros(offsets[i]) - J)
                                                  for i, f in enumerate(factored) if f]))
         if b * sum(sizes[i] >> J for i, f in enumerate(factored) if f) <= _BLOCK_MAX:
             k = 0  # a small outer product costs less than the Gram products that replace it
-    J, J0 = J + k, J  # the coarse array holds the level-J block sums; a's own levels stop at J0
-    # the level-J block sums of the whole vector, written in place: factored layers as d (x) S_J(a), runs of dense
-    # rows (each starts on a 2^J boundary and ends on one or, zero padded, at the data's end) after their levels 1..J
+    J0, J = J, J + k  # the coarse array holds the level-J block sums; a's own levels stop at J0
+    # the level-J block sums of the whole vector: factored layers as d (x) S_J(a), runs of dense rows (each starts
+    # on a 2^J boundary and ends on one or, zero padded, at the data's end) after their levels 1..J
     width = sum(size >> J if f else 0 for size, f in zip(sizes, factored))
     runs, run = [], []
     for i, f in enumerate(factored):
@@ -413,16 +410,25 @@ def _segment_norm_sq(pieces: list, m: int, weighted: bool) -> torch.Tensor:
     if run:
         runs.append(run)
     width += sum(-(-sum(sizes[i] for i in r) // (1 << J)) for r in runs)
-    rest = n - J
-    width += -width % (1 << min(rest, 6))  # whole pairs for the next six levels (fewer pads)
+    width += -width % (1 << min(n - J, 6))  # whole pairs for the next six levels (fewer pads)
+    return n, J0, k, J, tuple(factored), tuple(sizes), width
+
+
+def _segment_norm_sq(pieces: list, m: int, weighted: bool) -> torch.Tensor:
+    """||W (.) HWT(g)||^2 (weighted) or ||HWT(g)||^2 [B] float64 of the per-example vectors g made of `pieces`
+    (book-keeping parts, contiguous from offset 0), padded to m: see the comment above."""
+    b = pieces[0][1].shape[0]
+    dtype = pieces[0][1].dtype
+    n, J0, k, J, factored, sizes, width = _norm_plan(
+        tuple((p[0], p[1].shape[1], p[2].shape[1]) if p[0] == "linear" else (p[0], p[1].shape[1]) for p in pieces),
+        m, weighted, b)
+    acc = torch.zeros(b, dtype=torch.float64)
     coarse = _scratch(b, width, dtype)
     at, i = 0, 0
     while i < len(pieces):
         if factored[i]:
             d, x = pieces[i][1], pieces[i][2]
-            qa = torch.zeros(b, dtype=torch.float64)
-            if weighted:
-                qa.add_(_sq(x), alpha=2.0)
+            qa = _sq(x).mul_(2.0) if weighted else torch.zeros(b, dtype=torch.float64)
             sx = _haar_levels(x, 1, J0, n, qa, weighted)  # the levels 1..J0 of a; d's norm factors out
             acc.add_(qa * _sq(d))
             w = sizes[i] >> J

@@ -226,7 +226,11 @@ def bookkeeping_clipped_sum(model: nn.Module, params: dict[str, torch.Tensor], x
 # so the clipped sum is the book-keeping one ((s (.) d)^T a per Linear layer). The noise is transformed, not the sum:
 #     IHWT(HWT(t) + z)[:P] = t + IHWT(z)[:P]     (linear; HWT(pad(t)) inverts exactly),
 # and a coefficient whose block lies in the zero padding reaches only dropped coordinates, so only the
-# 1 + sum_j ceil(P / 2^j) coefficients that reach [0, P) are drawn and inverted (about P, not m).
+# 1 + sum_j ceil(P / 2^j) coefficients that reach [0, P) are drawn and inverted (about P, not m); the noise std is
+# constant on each level (sigma S / 2^j), so it is applied inside the inverse (per_level_scales), not in a pass.
+# Past level J (sound calibration, large layers): with the layer's rows in groups of G = 2^t (G | out), a group holds
+# exactly `in / 2^J` blocks of level J + t, so Q_J+t(d a^T) = <sum_g d_g d_g^T, C_t^T C_t> with C_t a fixed 0/1
+# product of S_J(a): [B, G, G] Gram matrices instead of the [B, out in / 2^J] outer product (_grouped_levels).
 _FACTORED_MIN = 4096  # Linear layers at least this large keep their outer-product form
 
 

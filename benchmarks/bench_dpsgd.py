@@ -15,7 +15,7 @@ clipped sums on one fixed batch (Opacus is the optional extra: pip install -e ".
 Synthetic uint8 images; throughput does not depend on pixel values.
 
 Measured 2026-11-24 (2 shared CPU cores, load average 10-13, CPU time, batch 64, 10 steps, median of 5):
-cost vs plain SGD                       dp-sgd   dp-sgd-wav   project / Opacus full DP step (hooks; ghost)
+cost vs plain SGD                       dp-sgd   dp-sgd-wav                 project / Opacus full DP step (hooks; ghost)
     linear     (M = 7,850)              x1.80    x3.67 (x3.49 in a rerun)   x0.39; x0.42
     mlp        (159,010)                x2.03    x3.77 (was x197)           x0.06; x0.47
     mnist-cnn  (28,938)                 x1.38    x1.41                      x0.82
@@ -23,6 +23,24 @@ cost vs plain SGD                       dp-sgd   dp-sgd-wav   project / Opacus f
     cifar-cnn  (591,274)                x1.92    x2.25 (was x5.9)           x0.67
     clipped sums, project vs Opacus on one batch: max |diff| / max |sum| = 1.5e-5 to 1.6e-5 (Opacus divides by
     norm + 1e-6, the project shrinks clipped rows by 2^-16 so that float32 norms stay <= C)
+DP-SGD-WAV after issue 25's changes (row-group Gram levels, block products, cached plans and noise scales, noise
+scaled inside the inverse), 2026-11-24 22:45-22:55 UTC, load average 3-4, `PYTHONPATH=. python
+benchmarks/bench_dpsgd.py --models linear mlp --wavelet --repeats 5 --no-vmap`, 4 runs each of the code before
+(9367b9d) and after, in turn; the figure is the median over the runs of each run's median paired ratio:
+    linear   x3.32 (3.21-3.86) -> x3.04 (2.82-3.25)      mlp   x4.73 (4.30-4.76) -> x4.36 (4.22-4.55)
+    in one process, old and new dp_sgd taking turns (25 repeats): new / old = 0.88 (linear), 0.93 (mlp)
+    all five models, one run each (same load): mnist-cnn x1.61 -> x1.60, ota-cnn x1.56 -> x1.44, cifar-cnn x2.29 -> x2.07
+The ratios depend on the load: plain SGD gains more from a quiet machine than DP-SGD-WAV does (the unchanged mlp
+is x3.8 at load 10-13, x4.3-4.8 at load 3). <= 3x is met on linear only in some runs and missed on the mlp. Where
+the time goes (same load, dp_sgd with one part replaced, paired against plain SGD): linear x2.82 = x1.84 without
+the coefficient-domain norms (so the norms cost ~1.0x a plain step: about 40 small tensor calls, dispatch-bound)
+and x2.44 without the wavelet noise (~0.4x); mlp x4.22 = x2.62 without the norms (~1.6x: memory-bound passes over
+the level block sums, the materialised 10 x 200 second layer, the Gram products) and x3.82 without the noise (~0.4x:
+ten strided passes of the inverse; the 159k normal draws cost as much as in dp-sgd). What would close it: one
+fused pass per level array (a compiled kernel that sums every level's squares in one sweep), drawing the finest
+levels' noise in block order so that four inverse levels are one product.
+Run from a worktree, PYTHONPATH=. is needed: `python benchmarks/...` puts benchmarks/ first on sys.path and imports
+the installed hfl.
 """
 from __future__ import annotations
 

@@ -226,7 +226,11 @@ def bookkeeping_clipped_sum(model: nn.Module, params: dict[str, torch.Tensor], x
 # so the clipped sum is the book-keeping one ((s (.) d)^T a per Linear layer). The noise is transformed, not the sum:
 #     IHWT(HWT(t) + z)[:P] = t + IHWT(z)[:P]     (linear; HWT(pad(t)) inverts exactly),
 # and a coefficient whose block lies in the zero padding reaches only dropped coordinates, so only the
-# 1 + sum_j ceil(P / 2^j) coefficients that reach [0, P) are drawn and inverted (about P, not m).
+# 1 + sum_j ceil(P / 2^j) coefficients that reach [0, P) are drawn and inverted (about P, not m); the noise std is
+# constant on each level (sigma S / 2^j), so it is applied inside the inverse (per_level_scales), not in a pass.
+# Past level J (sound calibration, large layers): with the layer's rows in groups of G = 2^t (G | out), a group holds
+# exactly `in / 2^J` blocks of level J + t, so Q_J+t(d a^T) = <sum_g d_g d_g^T, C_t^T C_t> with C_t a fixed 0/1
+# product of S_J(a): [B, G, G] Gram matrices instead of the [B, out in / 2^J] outer product (_grouped_levels).
 _FACTORED_MIN = 4096  # Linear layers at least this large keep their outer-product form
 
 
@@ -235,7 +239,7 @@ def _trailing_zeros(v: int) -> int:
 
 
 def _sq(v: torch.Tensor) -> torch.Tensor:
-    return torch.linalg.vector_norm(v, dim=1).to(torch.float64).square()
+    return torch.linalg.vector_norm(v, dim=1, dtype=torch.float64).square()
 
 
 _TAIL = 64  # rows this short finish their levels in one product with a cached matrix (dispatch, not flops, costs)
@@ -272,12 +276,27 @@ def _tail_matrix(length: int, first: int, count: int, n: int, weighted: bool) ->
     return m, torch.tensor(weights, dtype=torch.float64)
 
 
+_BLOCK = 4  # arrays of at most _BLOCK_MAX values go through blocks of 2^_BLOCK values, _BLOCK levels in one product
+_BLOCK_MAX = 1 << 17
+
+
+@functools.lru_cache(maxsize=256)
+def _tail_weights(length: int, first: int, count: int, n: int, weighted: bool) -> torch.Tensor:
+    """The weights of _tail_matrix(length, first, count, n, weighted) as float32 (its products are float32)."""
+    return _tail_matrix(length, first, count, n, weighted)[1].to(torch.float32)
+
+
 def _haar_levels(s: torch.Tensor, first: int, last: int, n: int, acc: torch.Tensor, weighted: bool) -> torch.Tensor:
     """Levels first..last of an n-level HWT on block sums s [B, L] (blocks of 2^(first-1), zero padded on the
     right). Adds to acc [B] (float64) Q_j for each j < n (weighted) or 4^-j E_j (not); returns the block sums at
-    level `last`. Long rows go level by level (strided pair sums), short ones in one product (_tail_matrix)."""
+    level `last`. Large arrays go level by level (strided pair sums: about one add per value, memory bound);
+    smaller ones _BLOCK levels at a time, viewed as [B L / 2^_BLOCK, 2^_BLOCK] in one product with the cached
+    matrix of a block's pair sums (or differences) at those levels, whose last column is the block's sum (2^_BLOCK
+    multiply-adds per value, but a handful of calls where per-call dispatch is what costs); short rows finish in
+    one product (_tail_matrix)."""
+    b = s.shape[0]
     j, norms, weights = first, [], []
-    while j <= last and s.shape[1] > _TAIL:
+    while j <= last and s.shape[1] > _TAIL and s.numel() > _BLOCK_MAX:
         if s.shape[1] % 2:
             s = F.pad(s, (0, 1))
         left, right = s[:, 0::2], s[:, 1::2]
@@ -290,11 +309,21 @@ def _haar_levels(s: torch.Tensor, first: int, last: int, n: int, acc: torch.Tens
             weights.append(1.0)
         j += 1
     if norms:
-        acc.add_(torch.stack(norms, 1).to(torch.float64).square() @ torch.tensor(weights, dtype=torch.float64))
+        acc.add_(torch.stack(norms, 1).square() @ torch.tensor(weights))
+    while j <= last and s.shape[1] > _TAIL:
+        c = min(_BLOCK, last - j + 1)
+        size = 1 << c
+        if s.shape[1] % size:
+            s = F.pad(s, (0, -s.shape[1] % size))
+        m, _ = _tail_matrix(size, j, c, n, weighted)
+        out = s.reshape(-1, size) @ m  # [B L / size, K]: every level's values of each block, its sum last
+        s = out[:, -1].view(b, -1).contiguous()  # a strided view would take the product's slow path
+        acc.add_(out.square_().view(b, -1, m.shape[1]).sum(1) @ _tail_weights(size, j, c, n, weighted))
+        j += c
     if j <= last:
-        m, w = _tail_matrix(s.shape[1], j, last - j + 1, n, weighted)
+        m, _ = _tail_matrix(s.shape[1], j, last - j + 1, n, weighted)
         out = s @ m
-        acc.add_(out.square().to(torch.float64) @ w)
+        acc.add_(out.square() @ _tail_weights(s.shape[1], j, last - j + 1, n, weighted))
         s = out[:, m.shape[1] - _tail_width(s.shape[1], last - j + 1):]
     return s
 
@@ -305,23 +334,74 @@ def _tail_width(length: int, count: int) -> int:
     return -(-length // (1 << c))
 
 
-def _segment_norm_sq(pieces: list, m: int, weighted: bool) -> torch.Tensor:
-    """||W (.) HWT(g)||^2 (weighted) or ||HWT(g)||^2 [B] float64 of the per-example vectors g made of `pieces`
-    (book-keeping parts, contiguous from offset 0), padded to m: see the comment above."""
+_GROUP_LEVELS = 3  # at most this many levels past J0 in row groups of up to 2^_GROUP_LEVELS rows
+
+
+@functools.lru_cache(maxsize=64)
+def _group_matrix(cols: int, k: int) -> torch.Tensor:
+    """[cols, cols (2 + 4 + ... + 2^k)] 0/1: S @ it gives, for t = 1..k in turn, C_t [cols, 2^t] (row-major) of a row S
+    of `cols` block sums: rows r of a group of G = 2^t laid out row-major and cut into blocks of G values, C_t[c, r]
+    the sum of the part of block c that lies in row r."""
+    parts = []
+    for t in range(1, k + 1):
+        g = 1 << t
+        m = np.zeros((cols, cols, g), dtype=np.float32)
+        col, r = np.meshgrid(np.arange(cols), np.arange(g), indexing="ij")  # the value S[col] in row r of the group
+        m[col, (r * cols + col) // g, r] = 1.0
+        parts.append(m.reshape(cols, -1))
+    return torch.from_numpy(np.concatenate(parts, 1))
+
+
+def _grouped_levels(d: torch.Tensor, sx: torch.Tensor, j0: int, k: int, n: int, acc: torch.Tensor,
+                    out: torch.Tensor) -> None:
+    """Levels j0+1..j0+k of a factored Linear layer d (x) S (S = sx, its input's level-j0 block sums [B, c]) without
+    the [B, out c] outer product: with rows in groups of G = 2^t (G | out), a group's G c values are exactly c blocks
+    of level j0+t, and block b of group g sums to sum_r d[g G + r] C_t[b, r], C_t[b, r] the part of S (in row r of
+    the group) inside block b (one product with a cached 0/1 matrix for every t). So Q_j0+t = sum_g ||C_t^T d_g||^2
+    = <sum_g d_g d_g^T, C_t^T C_t>, two [B, G, G] Gram matrices (float64) per level below j0+k, and the level-(j0+k)
+    block sums are one batched product [B, out / G, G] @ [B, G, c], written to `out` [B, out / G, c]. Adds Q_j
+    (j < n) to acc."""
+    b, cols = sx.shape
+    every = sx @ _group_matrix(cols, k)  # C_1, ..., C_k side by side
+    at = 0
+    for t in range(1, k + 1):
+        g = 1 << t
+        part = every[:, at:at + cols * g].view(b, cols, g)
+        at += cols * g
+        if t < k:
+            dg = d.view(b, -1, g).to(torch.float64)
+            p64 = part.to(torch.float64)
+            if j0 + t < n:
+                acc.add_((torch.bmm(dg.transpose(1, 2), dg) * torch.bmm(p64.transpose(1, 2), p64)).sum((1, 2)))
+        else:
+            torch.bmm(d.view(b, -1, g), part.transpose(1, 2), out=out)
+            if j0 + t < n:
+                acc.add_(_sq(out.reshape(b, -1)))
+
+
+@functools.lru_cache(maxsize=256)
+def _norm_plan(shapes: tuple, m: int, weighted: bool, b: int) -> tuple:
+    """What _segment_norm_sq does for pieces of these shapes (("linear", out, in) or ("rows", width)), computed once:
+    (n, J0, k, J, factored, sizes, width). Python bookkeeping per step is as costly as the small layers' arithmetic."""
     n = m.bit_length() - 1
-    sizes = [p[1].shape[1] * p[2].shape[1] if p[0] == "linear" else p[1].shape[1] for p in pieces]
+    sizes = [s[1] * s[2] if s[0] == "linear" else s[1] for s in shapes]
     offsets = np.cumsum([0] + sizes[:-1]).tolist()
-    aligned = [min(_trailing_zeros(p[2].shape[1]), _trailing_zeros(off)) if p[0] == "linear" and size >=
-               _FACTORED_MIN else 0 for p, size, off in zip(pieces, sizes, offsets)]
+    aligned = [min(_trailing_zeros(s[2]), _trailing_zeros(off)) if s[0] == "linear" and size >= _FACTORED_MIN else 0
+               for s, size, off in zip(shapes, sizes, offsets)]
     # the common coarse level J: the alignment of the least aligned large Linear layer (those below J materialise)
     big = [a for a in aligned if a > 0]
     J = min(min(big), n) if big else 0
     factored = [J > 0 and a >= J for a in aligned]
-    b = pieces[0][1].shape[0]
-    dtype = pieces[0][1].dtype
-    acc = torch.zeros(b, dtype=torch.float64)
-    # the level-J block sums of the whole vector, written in place: factored layers as d (x) S_J(a), runs of dense
-    # rows (each starts on a 2^J boundary and ends on one or, zero padded, at the data's end) after their levels 1..J
+    # sound calibration: the factored layers go on k more levels in row groups (Gram products, see the comment above)
+    k = 0
+    if weighted and any(factored):
+        k = max(0, min([_GROUP_LEVELS, n - J] + [min(_trailing_zeros(shapes[i][1]), _trailing_zeros(offsets[i]) - J)
+                                                 for i, f in enumerate(factored) if f]))
+        if b * sum(sizes[i] >> J for i, f in enumerate(factored) if f) <= _BLOCK_MAX:
+            k = 0  # a small outer product costs less than the Gram products that replace it
+    J0, J = J, J + k  # the coarse array holds the level-J block sums; a's own levels stop at J0
+    # the level-J block sums of the whole vector: factored layers as d (x) S_J(a), runs of dense rows (each starts
+    # on a 2^J boundary and ends on one or, zero padded, at the data's end) after their levels 1..J
     width = sum(size >> J if f else 0 for size, f in zip(sizes, factored))
     runs, run = [], []
     for i, f in enumerate(factored):
@@ -334,20 +414,33 @@ def _segment_norm_sq(pieces: list, m: int, weighted: bool) -> torch.Tensor:
     if run:
         runs.append(run)
     width += sum(-(-sum(sizes[i] for i in r) // (1 << J)) for r in runs)
-    rest = n - J
-    width += -width % (1 << min(rest, 6))  # whole pairs for the next six levels (fewer pads)
+    width += -width % (1 << min(n - J, 6))  # whole pairs for the next six levels (fewer pads)
+    return n, J0, k, J, tuple(factored), tuple(sizes), width
+
+
+def _segment_norm_sq(pieces: list, m: int, weighted: bool) -> torch.Tensor:
+    """||W (.) HWT(g)||^2 (weighted) or ||HWT(g)||^2 [B] float64 of the per-example vectors g made of `pieces`
+    (book-keeping parts, contiguous from offset 0), padded to m: see the comment above."""
+    b = pieces[0][1].shape[0]
+    dtype = pieces[0][1].dtype
+    n, J0, k, J, factored, sizes, width = _norm_plan(
+        tuple((p[0], p[1].shape[1], p[2].shape[1]) if p[0] == "linear" else (p[0], p[1].shape[1]) for p in pieces),
+        m, weighted, b)
+    acc = torch.zeros(b, dtype=torch.float64)
     coarse = _scratch(b, width, dtype)
     at, i = 0, 0
     while i < len(pieces):
         if factored[i]:
             d, x = pieces[i][1], pieces[i][2]
-            qa = torch.zeros(b, dtype=torch.float64)
-            if weighted:
-                qa.add_(_sq(x), alpha=2.0)
-            sx = _haar_levels(x, 1, J, n, qa, weighted)  # the levels 1..J of a; d's norm factors out
+            qa = _sq(x).mul_(2.0) if weighted else torch.zeros(b, dtype=torch.float64)
+            sx = _haar_levels(x, 1, J0, n, qa, weighted)  # the levels 1..J0 of a; d's norm factors out
             acc.add_(qa * _sq(d))
             w = sizes[i] >> J
-            torch.mul(d[:, :, None], sx[:, None, :], out=coarse[:, at:at + w].view(b, d.shape[1], sx.shape[1]))
+            out = coarse[:, at:at + w].view(b, d.shape[1] >> k, sx.shape[1])
+            if k:
+                _grouped_levels(d, sx, J0, k, n, acc, out)
+            else:
+                torch.mul(d[:, :, None], sx[:, None, :], out=out)
             at += w
             i += 1
             continue
@@ -409,22 +502,59 @@ def needed_coefficients(size: int, m: int) -> list[tuple[int, int]]:
     return [(0, 1)] + [(m + 1 - (m >> (j - 1)), -(-size // (1 << j))) for j in range(1, n + 1)]
 
 
-def haar_inverse_prefix(h: torch.Tensor, size: int, m: int) -> torch.Tensor:
+def haar_inverse_prefix(h: torch.Tensor, size: int, m: int, level_scales: Sequence[float] | None = None
+                        ) -> torch.Tensor:
     """IHWT(c)[:, :size] from the needed coefficients only: h [B, K] holds, in needed_coefficients order, the
-    coefficients that reach [0, size); every other coefficient of c is irrelevant to the result. O(size) work."""
+    coefficients that reach [0, size); every other coefficient of c is irrelevant to the result. O(size) work.
+    With `level_scales` (H_0's factor, then one per level 1..n) the coefficients are scaled on the way, as if h had
+    been multiplied by them first (the same float32 products), without that pass over h."""
     b, n = h.shape[0], m.bit_length() - 1
     j0, top = _inverse_top(size, m)
-    ends = np.cumsum([c for _, c in needed_coefficients(size, m)]).tolist()
+    ends = _needed_ends(size, m)
     # the coarse levels n..j0+1 (short rows) in one product with a cached matrix, then level by level
-    a = torch.cat([h[:, :1], h[:, ends[j0]:]], 1) @ _inverse_top_as(size, m, h.dtype) if j0 < n else h[:, :1]
+    if j0 < n:
+        coarse = torch.cat([h[:, :1], h[:, ends[j0]:]], 1)
+        if level_scales is not None:
+            coarse.mul_(_top_scales(size, m, tuple(level_scales), h.dtype))
+        a = coarse @ _inverse_top_as(size, m, h.dtype)
+    else:
+        a = h[:, :1] if level_scales is None else h[:, :1] * level_scales[0]
     for j in range(j0, 0, -1):  # coarse to fine: a_2i = a_i + d_i, a_2i+1 = a_i - d_i
         cnt = ends[j] - ends[j - 1]
         d = h[:, ends[j - 1]:ends[j]]
+        scale = 1.0 if level_scales is None else level_scales[j]
         out = torch.empty(b, cnt, 2, dtype=h.dtype)
-        torch.add(a, d, out=out[..., 0])
-        torch.sub(a, d, out=out[..., 1])
+        torch.add(a, d, alpha=scale, out=out[..., 0])
+        torch.sub(a, d, alpha=scale, out=out[..., 1])
         a = out.reshape(b, 2 * cnt)[:, :-(-size // (1 << (j - 1)))]
     return a
+
+
+@functools.lru_cache(maxsize=64)
+def _needed_ends(size: int, m: int) -> list[int]:
+    return np.cumsum([c for _, c in needed_coefficients(size, m)]).tolist()
+
+
+@functools.lru_cache(maxsize=64)
+def _top_scales(size: int, m: int, level_scales: tuple, dtype: torch.dtype) -> torch.Tensor:
+    """The factors of the coefficients haar_inverse_prefix takes to its top product: H_0, then levels j0+1..n."""
+    j0 = _inverse_top(size, m)[0]
+    spans = needed_coefficients(size, m)
+    return torch.tensor([level_scales[0]] + [level_scales[j] for j in range(j0 + 1, len(spans))
+                                             for _ in range(spans[j][1])], dtype=dtype)
+
+
+def per_level_scales(layout: WaveletLayout, compact: Sequence[torch.Tensor]) -> list:
+    """Per layout segment, compact noise scales (compact_scales) as one float per level (H_0, d(1), ..., d(n)) where
+    they are constant on each level, as noise_scales' sigma S / W_c are; else the tensor unchanged. wavelet_noise
+    then scales inside the inverse transform instead of in a pass over the draws."""
+    out = []
+    for size, m, sc in zip(layout.segments, layout.padded, compact):
+        ends = [0] + _needed_ends(size, m)
+        firsts = [float(sc[a]) for a in ends[:-1]]
+        levels = torch.repeat_interleave(torch.tensor(firsts, dtype=sc.dtype), torch.tensor(np.diff(ends)))
+        out.append(tuple(firsts) if torch.equal(levels, sc) else sc)
+    return out
 
 
 @functools.lru_cache(maxsize=64)
@@ -465,14 +595,17 @@ def compact_scales(layout: WaveletLayout, scales: torch.Tensor) -> list[torch.Te
 
 def wavelet_noise(layout: WaveletLayout, scales, generator: torch.Generator, batch: int) -> list[torch.Tensor]:
     """IHWT(z)[:P] per layout segment for z_c ~ N(0, scales_c^2) on every coefficient (scales [coeff_length], as
-    noise_scales gives, or compact_scales of them): the coefficients that only reach the padding are not drawn
-    (see the comment above)."""
+    noise_scales gives, or compact_scales or per_level_scales of them): the coefficients that only reach the padding are
+    not drawn (see the comment above)."""
     if isinstance(scales, torch.Tensor):
         scales = compact_scales(layout, scales)
     out = []
     for size, m, sc in zip(layout.segments, layout.padded, scales):
-        z = torch.randn(batch, len(sc), generator=generator).mul_(sc)
-        out.append(haar_inverse_prefix(z, size, m))
+        if isinstance(sc, tuple):  # one factor per level (per_level_scales): applied inside the inverse
+            out.append(haar_inverse_prefix(torch.randn(batch, _needed_ends(size, m)[-1], generator=generator), size,
+                                           m, sc))
+        else:
+            out.append(haar_inverse_prefix(torch.randn(batch, len(sc), generator=generator).mul_(sc), size, m))
     return out
 
 
@@ -512,6 +645,14 @@ def noisy_sum(total: torch.Tensor, scales, layout: WaveletLayout | None, generat
         rows[:, start:start + size] += noise
         start += size
     return total
+
+
+@functools.lru_cache(maxsize=16)
+def _wavelet_plan(sizes: tuple, scope: str, std: float) -> tuple[WaveletLayout, list[torch.Tensor]]:
+    """A dp_sgd call's wavelet layout and the noise scales (sigma S / W_c of the coefficients that are drawn, per level),
+    built once per (sizes, scope, sigma S): building them for the mlp's m = 2^18 costs a fifth of a step. Read only."""
+    layout = WaveletLayout(list(sizes), scope)
+    return layout, per_level_scales(layout, compact_scales(layout, noise_scales(std, 1.0, layout)))
 
 
 def draw_lot(n: int, q: float, lot: str, generator: torch.Generator) -> torch.Tensor:
@@ -624,7 +765,8 @@ def dp_sgd(model: nn.Module, w: np.ndarray, shard, lr: float, steps: int, q: flo
         params[name] = theta[offset:offset + size].view_as(p)  # views: updating theta updates params
         offset += size
 
-    layout = WaveletLayout(sizes, wavelet_scope) if mechanism == "wavelet" else None
+    layout, wavelet_scales = _wavelet_plan(tuple(sizes), wavelet_scope, noise_multiplier * sensitivity) \
+        if mechanism == "wavelet" else (None, None)
     per_layer = layer_bounds is not None
     layers = _bookkeeping_layers(model)
     if grad_method == "bookkeeping":
@@ -637,9 +779,7 @@ def dp_sgd(model: nn.Module, w: np.ndarray, shard, lr: float, steps: int, q: flo
                 p.data = params[name]
         params = dict(model.named_parameters())
     segments = sizes if per_layer else None
-    noise_scale = noise_scales(noise_multiplier, sensitivity, layout)
-    if layout is not None:  # the scales of the coefficients that are drawn, gathered once
-        noise_scale = compact_scales(layout, noise_scale)
+    noise_scale = noise_scales(noise_multiplier, sensitivity, None) if layout is None else wavelet_scales
     width = theta.numel()
     expected_lot = float(fixed_lot_size(n, q) if lot == "fixed" else q * n)
 

@@ -6,7 +6,8 @@ import torch
 from torch import nn
 
 from hfl.common.models import build, get_flat, init_parameters
-from hfl.common.privacy.per_example import (_bookkeeping_layers, _bookkeeping_parts, bookkeeping_clipped_sum,
+from hfl.common.privacy.per_example import (_BLOCK_MAX, _bookkeeping_layers, _bookkeeping_parts, _grouped_levels,
+                                            bookkeeping_clipped_sum, compact_scales, per_level_scales,
                                             clip_factors, clipped_sum, dp_sgd, example_norms, haar_inverse_prefix,
                                             layer_sizes, needed_coefficients, noise_scales, noisy_sum,
                                             per_example_gradients, wavelet_noise, wavelet_part_norms)
@@ -130,3 +131,54 @@ def test_bookkeeping_refuses_a_model_it_cannot_follow():
     # auto falls back to torch.func
     w, _, _ = dp_sgd(model, get_flat(model), shard, 0.1, 1, 0.5, 1.0, 1.0, "wavelet", torch.Generator())
     assert np.all(np.isfinite(w))
+
+
+@pytest.mark.parametrize("rows,cols,j0,k,n", [(200, 49, 4, 3, 18), (96, 4, 4, 2, 7), (8, 5, 2, 3, 5), (2, 1, 1, 1, 3)])
+def test_grouped_levels_equal_the_outer_product_levels(rows, cols, j0, k, n):
+    # the Gram form of levels j0+1..j0+k of d (x) S against pair sums of the materialised outer product (float64)
+    gen = torch.Generator().manual_seed(rows + cols)
+    d, sx = torch.randn(5, rows, generator=gen), torch.randn(5, cols, generator=gen)
+    acc, out = torch.zeros(5, dtype=torch.float64), torch.empty(5, rows >> k, cols)
+    _grouped_levels(d, sx, j0, k, n, acc, out)
+    s = (d.double()[:, :, None] * sx.double()[:, None, :]).reshape(5, -1)
+    want = torch.zeros(5, dtype=torch.float64)
+    for t in range(1, k + 1):
+        s = s.view(5, -1, 2).sum(-1)
+        if j0 + t < n:  # Q_j of the sound norm, j < n
+            want += s.square().sum(1)
+    # C_t and the last level's block sums are float32 products: 1e-6 relative
+    torch.testing.assert_close(acc, want, rtol=1e-6, atol=0)
+    torch.testing.assert_close(out.reshape(5, -1).double(), s, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name,shape", [("mlp", (1, 28, 28)), ("deep", (1, 28, 28))])
+def test_norms_through_row_groups_equal_the_materialised_ones(name, shape):
+    # a batch whose outer products exceed _BLOCK_MAX takes the row-group (Gram) path for the sound norm
+    model = _model(name, shape)
+    first = next(m for m in model.modules() if isinstance(m, nn.Linear))
+    assert 48 * first.out_features * first.in_features // 16 > _BLOCK_MAX
+    x, y = _batch(shape, 48, seed=3).batch(torch.arange(48))
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    _, parts, _ = _bookkeeping_parts(model, params, x, y, _bookkeeping_layers(model))
+    g, _ = per_example_gradients(model, params, x, y)
+    layout = WaveletLayout(layer_sizes(model), "flat")
+    fast = wavelet_part_norms([parts[k] for k in params], layout, "sound")
+    torch.testing.assert_close(fast, layout.row_norms(g.double(), "sound"), rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("scope", ["flat", "per_layer"])
+def test_noise_scaled_inside_the_inverse_equals_scaled_draws(scope):
+    # the per-level factors applied in the inverse against the same draws multiplied by the compact scales first:
+    # the same float32 products, up to a fused multiply-add (1e-6 relative)
+    layout = WaveletLayout([300, 7, 1000, 1, 159010], scope)
+    compact = compact_scales(layout, noise_scales(2.0, 1.5, layout))
+    levels = per_level_scales(layout, compact)
+    assert all(isinstance(s, tuple) for s in levels)
+    got = wavelet_noise(layout, levels, torch.Generator().manual_seed(9), 2)
+    want = wavelet_noise(layout, compact, torch.Generator().manual_seed(9), 2)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6 * float(w.abs().max()))
+    # scales that are not constant on a level stay a tensor (and keep the old path)
+    uneven = [c.clone() for c in compact]
+    uneven[-1][5] *= 2.0  # inside d(1)
+    assert isinstance(per_level_scales(layout, uneven)[-1], torch.Tensor)

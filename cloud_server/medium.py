@@ -59,8 +59,10 @@ def _refuse(code: grpc.StatusCode, message: str, reason: str) -> wire.WireError:
 
 
 class Medium:
-    def __init__(self, cfg, run_dir: pathlib.Path, dim: int, refusals=None):
+    def __init__(self, cfg, run_dir: pathlib.Path, dim: int, refusals=None, device_samples=()):
         self.cfg = cfg
+        # channel.weighting = samples: each transmitter's D_y weights its payload (paper 003, digest 2.1)
+        self.device_samples = list(device_samples) if cfg.channel.weighting == "samples" else None
         self.refusals = refusals  # service_base.Refusals: a transmitter left out is a refusal with its reason
         self.dim = dim
         self.plane = air.plane_for(cfg)
@@ -232,8 +234,9 @@ class Medium:
         psi = self.psi_mean if (self.plane.psi_mode == "empirical" and self.psi_count) else self.plane.psi
         rng = numpy_rng(self.cfg.run.seed, "cloud", 0, round_, step, "medium")
         _, active, alive = self._masks(round_, step, phases)
+        samples = None if self.device_samples is None else [self.device_samples[i] for i in idx(tx)]
         res = medium_fn.air_slot(self.plane, round_, step, group, payloads, idx(tx), mu, sigma, idx(listen), alive,
-                                 rng, psi)
+                                 rng, psi, samples)
         if self.plane.psi_mode == "empirical" and res.psi_samples.size:
             self.psi_mean, self.psi_count = ota.running_mean(self.psi_mean, self.psi_count, res.psi_samples)
         collab_alive = alive[self.plane.collaborating()]
@@ -301,7 +304,7 @@ class Medium:
 
     def describe(self) -> dict:
         top = self.plane.topology
-        return {"model": self.cfg.channel.model, "edges_in_plane": top.n_edges, "collaborating": top.collaborating,
+        return {"model": self.cfg.channel.model, "weighting": self.cfg.channel.weighting, "edges_in_plane": top.n_edges, "collaborating": top.collaborating,
                 "devices_in_plane": top.n_devices, "rho": self.plane.rho, "psi_mode": self.plane.psi_mode,
                 "psi_closed_form": self.plane.psi, "psi_empirical": self.psi_mean if self.psi_count else None,
                 "beta": self.plane.beta, "interferers": self.cfg.channel.interferers,

@@ -47,6 +47,7 @@ class CloudPorts:
     drop_edges: Callable[[set[str]], None]      # stop waiting for these in this round (they are back when they submit)
     slot_timeout_s: float                       # how long a shared slot waits for a missing edge
     refusals: object = None                     # service_base.Refusals: what a mode refuses outside an RPC is counted
+    device_samples: tuple = ()                  # every device's sample count D_y, by device index
 
 
 @dataclass
@@ -161,7 +162,7 @@ class AirCloud(DigitalCloud):
         super().__init__(ports)
         from .medium import Medium
 
-        self.medium = Medium(self.cfg, self.run_dir, self.dim, ports.refusals)
+        self.medium = Medium(self.cfg, self.run_dir, self.dim, ports.refusals, ports.device_samples)
         self.round_models: dict = {}
 
     def accept(self, edge: str, envelope: pb.Envelope, round_: int, records) -> Accepted:

@@ -111,7 +111,8 @@ class CloudServer(Gate, pbg.CloudServiceServicer):
         self.cluster_samples = {e: sum(self.device_samples[topology.device_index(d)]
                                        for d in topology.edge_members(self.cfg, topology.edge_index(e))) for e in self.edges}
         self.mode = modes.build(self.cfg, "cloud", CloudPorts(self.cfg, self.run_dir, self.dim, self._expected_edges,
-                                                              self._drop_edges, self._slot_timeout(), self.refusals))
+                                                              self._drop_edges, self._slot_timeout(), self.refusals,
+                                                              tuple(self.device_samples)))
         self.first_round, self.rows = 0, []
         self.startup_seconds: float | None = None
         if self.resume:

@@ -43,6 +43,9 @@ class ChannelSection:
                                  "median sigma of the slot's other transmitters, or whose mu lies further than this "
                                  "many of their median sigmas from their median mu (one device's forged side "
                                  "information would otherwise scale the whole superposition); 0 = no check", min=0.0)
+    weighting: str = choice("equal", ("equal", "samples"), "how the medium averages the transmitted payloads: "
+                            "equal (1 / |A|, the paper's Algorithm 1) or samples (paper 003's D_y-weighted option, "
+                            "digest 2.1: sum D_y x_y / sum D_y; orthogonal links only)")
     interference: bool = doc(True, "false: every receiver hears only its own cluster")
     noise: bool = doc(True, "false: no AWGN")
 
@@ -94,6 +97,9 @@ def validate_channel(channel: ChannelSection, clock: ClockSection | None = None)
     c = channel
     if c.r0 >= c.R:
         _fail("channel.r0", f"must be < channel.R = {c.R}, got {c.r0}")
+    if c.weighting == "samples" and c.model != "orthogonal":
+        _fail("channel.weighting", f"= samples needs channel.model = orthogonal (on {c.model} the power-normalised "
+              "payloads superpose unweighted and the paper does not say how a receiver recovers the weights)")
     if c.r0 <= 0:
         _fail("channel.r0", f"must be > 0 (path loss dist^-alpha needs a protective zone), got {c.r0}")
     for key in ("P_u", "P_d", "sigma_d2"):

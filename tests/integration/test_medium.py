@@ -124,3 +124,19 @@ def test_baselines_run_on_orthogonal_links(hfl_testbed, algorithm):
     assert all(r["accuracy"] == r["accuracy_reference"] == r["accuracy_device_mean"] for r in rows)
     assert all(r["model_spread"] == 0 for r in rows)
     assert rows[-1]["accuracy"] > 0.3
+
+
+def test_d_y_weighting_on_orthogonal_links(hfl_testbed):
+    """channel.weighting = samples (paper 003's D_y option, digest 2.1) on power-law shards: the medium averages
+    sum D_y x_y / sum D_y, every device still holds the same model, and the run differs from the equal weighting."""
+    base = SMALL + ["channel.model=orthogonal", "run.algorithm=hierfed-ota", "train.gamma=2", "train.lr=0.05",
+                    "data.max_test_samples=500", "data.sample_sizes=power-law", "run.rounds=2"]
+    weighted = hfl_testbed(overrides=base + ["channel.weighting=samples"])
+    summary = weighted.wait(timeout=300)
+    equal = hfl_testbed(overrides=base)
+    equal.wait(timeout=300)
+    rows = weighted.metrics()
+    assert summary["medium"]["weighting"] == "samples"
+    assert all(r["accuracy"] == r["accuracy_reference"] == r["accuracy_device_mean"] for r in rows)
+    assert all(r["model_spread"] == 0 for r in rows) and rows[-1]["accuracy"] > 0.3
+    assert [r["loss"] for r in rows] != [r["loss"] for r in equal.metrics()]

@@ -250,6 +250,7 @@ def test_air_slot_clock_on_a_hand_computed_case():
     (BASE + ["channel.alpha=2"], "channel.alpha"),
     (BASE + ["channel.r0=40"], "channel.r0"),
     (BASE + ["channel.window_radius=50", "channel.lambda_p=1"], "channel.window_radius"),
+    (BASE + ["channel.weighting=samples"], "channel.weighting"),  # BASE is on ota: D_y weighting is orthogonal-only
 ])
 def test_bad_medium_configs_name_the_key(overrides, key):
     with pytest.raises(config_mod.ConfigError, match=key.replace(".", r"\.")):

@@ -467,7 +467,11 @@ class CloudServer(Gate, pbg.CloudServiceServicer):
         await self.board.publish(final, pb.Envelope(meta=pb.Meta(run_id=self.run_id, round=final, sender_id="cloud"),
                                                     task=pb.RoundTask(round=final, finished=True)), self.chunk_bytes)
         live = {e for e in self.edges if self.live.sessions.has(e)}
-        missing = await self.board.wait_fetched(final, live, self.cfg.net.grace_s + 10)
+        # an edge lost within its grace (reconnecting after a restart of this cloud) is told too, or it would go on
+        # dialling a cloud that is gone
+        returning = {e for e in self.live.lost if e in self.edges} - live
+        wait = self.cfg.net.grace_s + 10 + (self.cfg.net.rejoin_grace_s if returning else 0.0)
+        missing = await self.board.wait_fetched(final, live | returning, wait)
         if missing:
             log.warning("edges that did not collect the final task: %s", sorted(missing))
         self.stop.set()

@@ -12,8 +12,7 @@ def pytest_addoption(parser):
 def _fast_tier(config) -> bool:
     if config.getoption("--full") or config.option.markexpr or config.option.keyword:
         return False
-    named = [a for a in config.invocation_params.args if not str(a).startswith("-")]
-    return not named
+    return config.args_source == pytest.Config.ArgsSource.TESTPATHS  # no paths named on the command line
 
 
 @pytest.hookimpl(trylast=True)

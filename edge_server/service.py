@@ -28,7 +28,7 @@ from hfl.proto import hfl_v1_pb2 as pb
 from hfl.proto import hfl_v1_pb2_grpc as pbg
 
 from .modes import EdgePorts
-from .round_state import Barrier, ClusterRound, Contribution
+from .round_state import Barrier, ClusterRound, Contribution, Tally
 
 log = logging.getLogger("hfl.edge")
 
@@ -359,7 +359,7 @@ class EdgeServer(Gate, pbg.EdgeServiceServicer):
         self.out = set()
         self.live.returned.clear()
         ctx = self.ctx
-        ctx.plan, ctx.tally = self.plan, type(ctx.tally)()
+        ctx.plan, ctx.tally = self.plan, Tally()
         comm_steps = [i for i, p in enumerate(self.plan) if p.kind in plans.DEVICE_UPLOAD_PHASES]
         self.barriers = {i: Barrier(i, self.plan[i].kind) for i in comm_steps}
         self.mode.start_attempt(ctx, self.barriers)

@@ -1,7 +1,6 @@
 """The live page's pieces that need no testbed: the self-contained snapshot (RUN_DIR/live.html) and the wireless
 medium's plane as the page draws it."""
 import json
-import pathlib
 import re
 
 import numpy as np
@@ -25,12 +24,12 @@ def test_the_snapshot_inlines_every_file_and_embeds_the_state_safely():
     assert page.count("</script>") == 3
 
 
-def test_the_plane_places_the_runs_devices_at_their_edges():
+def test_the_plane_places_the_runs_devices_at_their_edges(tmp_path):
     from hfl.cloud_server.medium import Medium
 
     cfg = load(None, ["topology.edges=3", "topology.devices_per_edge=4", "channel.model=ota",
                       "run.algorithm=multiairfed"])
-    medium = Medium(cfg, pathlib.Path("."), 10)
+    medium = Medium(cfg, tmp_path, 10)  # draws topology.png there
     plane = medium.positions(max_interferers=50)
     assert [e["id"] for e in plane["edges"]] == topology.edge_ids(cfg)
     assert [d["id"] for d in plane["devices"]] == [topology.device_id(k) for k in range(cfg.num_devices)]

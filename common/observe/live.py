@@ -20,7 +20,7 @@ from hfl.common import metrics, topology
 
 from . import prom
 from .http import BadRequest, WebServer
-from .members import STATES, member_state, state_counts
+from .members import member_state, state_counts
 
 log = logging.getLogger("hfl.observe")
 
@@ -128,9 +128,9 @@ class CloudView:
         return dict(self.cloud.refusals.total)
 
     def edge_state(self, edge: str) -> str:
-        """members.member_state, and "done" for an edge that collected the final task and left."""
+        """members.member_state, and "done" for an edge that collected the final task."""
         c = self.cloud
-        if c.board.finished and edge in c.board.fetched.get(c.board.round, ()) and not c.live.sessions.has(edge):
+        if c.board.finished and edge in c.board.fetched.get(c.board.round, ()):
             return "done"
         return member_state(c.live, edge)
 

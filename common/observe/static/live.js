@@ -247,12 +247,12 @@
     if (zoom) {
       const xs = pl.edges.map((e) => e.x).concat(pl.devices.map((d) => d.x));
       const ys = pl.edges.map((e) => e.y).concat(pl.devices.map((d) => d.y));
-      const pad = 0.4 * pl.R + 5;
+      const pad = 1.15 * pl.R + 5;  // every cluster's disc of radius R in full
       [x0, x1, y0, y1] = [Math.min(...xs) - pad, Math.max(...xs) + pad, Math.min(...ys) - pad, Math.max(...ys) + pad];
     } else {
       [x0, x1, y0, y1] = [-pl.window_radius, pl.window_radius, -pl.window_radius, pl.window_radius];
     }
-    const size = zoom ? 440 : 250, k = size / Math.max(x1 - x0, y1 - y0, 1e-9);
+    const size = zoom ? 440 : 280, k = size / Math.max(x1 - x0, y1 - y0, 1e-9);
     const X = (x) => ((x - x0) * k).toFixed(1), Y = (y) => (size - (y - y0) * k).toFixed(1);
     const inside = (x, y) => x >= x0 && x <= x1 && y >= y0 && y <= y1;
     const root = svg("svg", { width: size, height: size, viewBox: `0 0 ${size} ${size}`, role: "img",
@@ -289,8 +289,8 @@
       svg("line", { x1: 10, y1: size - 12, x2: 10 + len, y2: size - 12, stroke: "#334155", "stroke-width": 2 }, root);
       svg("text", { x: 14 + len, y: size - 8, fill: "#334155" }, root).textContent = pl.R + " m (R)";
     } else {
-      svg("text", { x: 6, y: 14, fill: "#334155" }, root).textContent = "window " + pl.window_radius + " m; " +
-        pl.interferer_edges.length + " interfering edges, " + pl.interferer_devices_total + " devices";
+      svg("text", { x: 6, y: 14, fill: "#334155" }, root).textContent = "window " + pl.window_radius + " m: " +
+        pl.interferer_edges.length + " other edges, " + pl.interferer_devices_total + " devices";
     }
     return root;
   }

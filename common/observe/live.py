@@ -84,6 +84,8 @@ class CloudView:
         self.links: dict[tuple[str, str], float] = {}
         self.device_reports: dict[str, dict] = {}  # edge -> {round, at (monotonic), devices: id -> figures}
         self._plane: dict | None = None
+        self.polled_at: float | None = None  # the last /api/state request
+        self.end_served = asyncio.Event()    # a page has fetched the state with the run finished
         self._privacy: tuple[float, dict | None] = (-1.0, None)
         self._device_eps: tuple[int, dict] = (-1, {})
 
@@ -342,7 +344,11 @@ def cloud_routes(view: CloudView, exposition: prom.Exposition) -> dict:
         since = query.get("since", "0")
         if not since.isdigit() or len(since) > 9:
             raise BadRequest(400, "since: a round count (a non-negative integer)")
-        return json_response(view.state(int(since)))
+        response = json_response(view.state(int(since)))
+        view.polled_at = time.monotonic()
+        if view.finished():
+            view.end_served.set()
+        return response
 
     async def device_epsilons(query: dict):
         check_query(query)
@@ -426,7 +432,23 @@ class Observed:
             except Exception:  # noqa: BLE001 - the run's results are written already; a snapshot must not cost them
                 log.exception("could not write the live page snapshot")
         if self.server is not None:
+            await self._linger()
             await self.server.close()
+
+    async def _linger(self) -> None:
+        """A page polled lately: keep serving until it has seen the run finished (a few polls at most), so that it
+        shows why the run ended rather than a cloud that stopped answering."""
+        view = self.view
+        if view is None:  # an edge's /metrics: scraped, not followed
+            return
+        refresh = view.cfg.observe.refresh_s
+        # "lately" is generous: the run's last steps (plots) can hold the event loop for seconds between two polls
+        if view.polled_at is None or time.monotonic() - view.polled_at > 30.0 or not view.finished():
+            return
+        try:
+            await asyncio.wait_for(view.end_served.wait(), 2 * refresh + 1.0)
+        except asyncio.TimeoutError:
+            pass
 
 
 async def start_cloud(cloud, tls=None) -> Observed:

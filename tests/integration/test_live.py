@@ -14,6 +14,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -340,10 +341,25 @@ def test_air_mode_page_draws_the_plane_and_its_snapshot_outlives_the_cloud(hfl_t
     live_dom = None
     if len(tb.metrics()) < AIR_ROUNDS - 1:  # the page while the run goes on (its cloud serves it)
         live_dom = subprocess.run(flags + ["--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
+    print(f"the live page's plane checked during the run: {live_dom is not None}")
 
+    seen: list[dict] = []  # a page polling to the end (every refresh_s) sees the run end before its cloud goes
+
+    def follow():
+        while True:
+            try:
+                seen.append(state(url)["progress"])
+            except (OSError, AssertionError):
+                return
+            time.sleep(0.5)
+
+    poller = threading.Thread(target=follow, daemon=True)
+    poller.start()
     summary = tb.wait(timeout=600)
+    poller.join(timeout=30)
     rows = tb.metrics()
     assert summary["rounds"] == AIR_ROUNDS and summary["stop_reason"] is None
+    assert seen[-1]["finished"] is True and seen[-1]["ended"] == f"all {AIR_ROUNDS} rounds done", seen[-3:]
     snapshot = tb.run_dir / "live.html"
     assert snapshot.is_file()
     html = snapshot.read_text()

@@ -240,7 +240,8 @@ class CloudView:
         nodes = []
         for e in c.edges:
             nodes.append({"id": e, "role": "edge", "state": self.edge_state(e), "trust": trust.get(e),
-                          "last_seen_s": self.last_seen(e), "refused": self.edge_refused.get(e, 0.0), **self.edge_rounds.get(e, {})})
+                          "last_seen_s": self.last_seen(e), "refused": self.edge_refused.get(e, 0.0),
+                          **self.edge_rounds.get(e, {})})
         return {
             "run": {"run_id": c.run_id, "algorithm": cfg.run.algorithm, "dataset": cfg.data.dataset,
                     "model": cfg.model.name, "rounds": cfg.run.rounds, "edges": cfg.topology.edges,

@@ -1,7 +1,7 @@
 """Device hosts as nodes of the live page: what an edge tells the cloud about its members, and the cloud's check.
 
 An edge keeps a MemberBook (whose messages it refused, when each member uploaded in the round) and sends one
-MemberState per member with every submit: a state code and four numbers, about 20 bytes a device. The cloud reads
+MemberState per member with every submit: a state code and four numbers, about 26 bytes a device. The cloud reads
 them with `check_members` like any edge-supplied data: at most one entry per member of that edge, known ids only,
 finite numbers within bounds; anything else refuses the submit (reason bad_members) and changes nothing. No round
 decision reads them: they are for observers (the live page, /metrics).

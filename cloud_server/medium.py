@@ -28,6 +28,7 @@ from hfl.proto import hfl_v1_pb2 as pb
 log = logging.getLogger("hfl.medium")
 
 NORMALISED_TOL = 1e-3  # |mean| and |std - 1| of a normalised payload (float32 round-off is ~1e-7)
+MAX_INTERFERERS_SHOWN = 3000  # interferer devices on the live page's plane (a drawing, not a data set)
 
 
 @dataclass
@@ -301,6 +302,24 @@ class Medium:
 
     def take_models(self, round_: int) -> dict:
         return self.models.pop(round_, {})
+
+    def positions(self, max_interferers: int = MAX_INTERFERERS_SHOWN) -> dict:
+        """The plane for observers (the live page), in metres: the run's edges are its clusters 0..C-1 and its device
+        k is plane device k; the other servers and their devices are interferers (the first `max_interferers` of
+        those devices are listed, with their total)."""
+        top = self.plane.topology
+        xy = lambda a: np.round(a, 1).tolist()  # noqa: E731 - decimetres are finer than any drawing
+        run_devices = top.collaborating_devices
+        others = top.interferer_devices
+        return {"units": "metres", "window_radius": top.window_radius, "r0": top.r0, "R": top.R,
+                "model": self.cfg.channel.model,
+                "edges": [{"id": topology.edge_id(i), "x": x, "y": y} for i, (x, y) in
+                          enumerate(xy(top.edges[:top.collaborating]))],
+                "devices": [{"id": topology.device_id(int(k)), "edge": topology.edge_id(int(top.device_edge[k])),
+                             "x": x, "y": y} for k, (x, y) in zip(run_devices, xy(top.devices[run_devices]))],
+                "interferer_edges": xy(top.edges[top.collaborating:]),
+                "interferer_devices": xy(top.devices[others[:max_interferers]]),
+                "interferer_devices_total": int(others.size)}
 
     def describe(self) -> dict:
         top = self.plane.topology

@@ -21,7 +21,7 @@ import torch
 
 from hfl.common import config as config_mod
 from hfl.common import metrics, modes, plans, robust, rpc, session, topology, validate, wire
-from hfl.common.observe import live
+from hfl.common.observe import live, members as member_states
 from hfl.common.channel.round_clock import BACKHAUL_BYTES, CloudClock
 from hfl.common.privacy import on_wire
 from hfl.common.rundir import check_run_dir, write_data_report
@@ -232,10 +232,11 @@ class CloudServer(Gate, pbg.CloudServiceServicer):
         scalars = validate.check_scalars(envelope.scalars, meta.sender_id)
         members = topology.edge_members(self.cfg, topology.edge_index(meta.sender_id))
         records = on_wire.from_transforms(meta.transforms, allowed=set(members))
+        device_states = member_states.check_members(envelope.members, members, meta.sender_id)
         accepted = self.mode.accept(meta.sender_id, envelope, self.round, records)
         scalars.update(accepted.scalars)
         return EdgeResult(accepted.delta, meta.num_devices, meta.num_samples, scalars, list(meta.transforms),
-                          accepted.fused)
+                          accepted.fused, device_states)
 
     async def Submit(self, request_iterator, context) -> pb.Ack:
         try:

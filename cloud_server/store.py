@@ -27,6 +27,7 @@ class EdgeResult:
     scalars: dict
     transforms: list = field(default_factory=list)  # what was applied on the way, DP events included
     fused: list = field(default_factory=list)       # relay algorithms: one row per fused device upload
+    device_states: dict = field(default_factory=dict)  # the edge's report on its devices (observers only; not kept)
 
 
 @dataclass

@@ -144,6 +144,8 @@ class Liveness:
         self.lost: dict[str, float] = {}
         self.absent: set[str] = set()
         self.returned: set[str] = set()
+        self.ended: dict[str, float] = {}  # when each node's last session ended (its last moment seen)
+        self.rejoins: collections.Counter[str] = collections.Counter()  # sessions after a first one ended
         self.changed = asyncio.Event()
 
     def poke(self) -> None:
@@ -151,6 +153,8 @@ class Liveness:
 
     def registered(self, node: str) -> str:
         token = self.sessions.issue(node)
+        if node in self.ended:
+            self.rejoins[node] += 1
         if node in self.lost:
             self.returned.add(node)
         self.lost.pop(node, None)
@@ -162,7 +166,7 @@ class Liveness:
         """End `node`'s session (if `token` is still its own) and start its grace period."""
         if not self.sessions.end(node, token):
             return False
-        self.lost[node] = time.monotonic()
+        self.lost[node] = self.ended[node] = time.monotonic()
         log.warning("lost %s: %s; waiting up to %.0fs for it to come back", node, why, self.grace_s)
         self.poke()
         return True

@@ -18,7 +18,7 @@ import numpy as np
 from hfl.common import config as config_mod
 from hfl.common import modes, plans, rpc, session, topology, validate, wire
 from hfl.common.channel.round_clock import EdgeClock
-from hfl.common.observe import live
+from hfl.common.observe import live, members as member_states
 from hfl.common.pipeline import Link
 from hfl.common.privacy import on_wire
 from hfl.common.secret_random import dp_numpy_rng
@@ -58,6 +58,7 @@ class EdgeServer(Gate, pbg.EdgeServiceServicer):
         self.samples: dict[str, int] = {}
         self.live = Liveness(0.0)
         self.refusals = Refusals()
+        self.book = member_states.MemberBook([])  # per-member figures reported upward (the live page)
         self.board = RoundBoard()
         self.round = -1
         self.attempt = 0
@@ -179,6 +180,7 @@ class EdgeServer(Gate, pbg.EdgeServiceServicer):
         # A refused message changes nothing, not even for the member it claims to come from: it may still
         # send a valid upload. (A device whose own upload is refused sits the round out; the barrier stops
         # waiting for it after net.phase_timeout_s.)
+        node = None
         try:
             self._check_ready()
             envelope, size = await wire.read_envelope(request_iterator, self.max_bytes)
@@ -191,8 +193,11 @@ class EdgeServer(Gate, pbg.EdgeServiceServicer):
                 return
             barrier, contribution = self._validate(envelope)
         except wire.WireError as exc:
+            if node is not None:  # an authenticated member's own message: counted against it on the live page
+                self.book.refusal(node)
             await refuse(context, self.refusals, exc)
         self.bytes_up += size
+        self.book.uploaded(node)
         barrier.contributions[node] = contribution
         self.clock.uploaded(barrier.step, node, size)
         self.live.poke()
@@ -238,6 +243,7 @@ class EdgeServer(Gate, pbg.EdgeServiceServicer):
         self.run_id = reply.run_id
         self.dim = int(spec["model_dim"])
         self.members = topology.edge_members(self.cfg, self.index)
+        self.book = member_states.MemberBook(self.members)
         counts = spec.get("samples")
         self.samples = {m: int(counts[topology.device_index(m)]) for m in self.members} if counts else {}
         self.live.grace_s = self.cfg.net.rejoin_grace_s
@@ -358,6 +364,7 @@ class EdgeServer(Gate, pbg.EdgeServiceServicer):
         self.round_members = {m for m in self.members if self.live.sessions.has(m) and m in self.ctx.participants}
         self.out = set()
         self.live.returned.clear()
+        self.book.start_round()
         ctx = self.ctx
         ctx.plan, ctx.tally = self.plan, Tally()
         comm_steps = [i for i, p in enumerate(self.plan) if p.kind in plans.DEVICE_UPLOAD_PHASES]
@@ -452,8 +459,8 @@ class EdgeServer(Gate, pbg.EdgeServiceServicer):
         self.on_submit(task.round, scalars)
         self.bytes_up = self.bytes_down = 0
         self.restarts = self.rejoined = 0
-        chunks = wire.chunked(pb.Envelope(meta=meta, tensors=tensors, scalars=scalars, relayed=tally.relayed),
-                              self.chunk_bytes)
+        chunks = wire.chunked(pb.Envelope(meta=meta, tensors=tensors, scalars=scalars, relayed=tally.relayed,
+                                          members=self.book.report(self.live)), self.chunk_bytes)
 
         async def call():
             return await self.cloud.stub.Submit(iter(chunks), metadata=self.cloud.metadata)

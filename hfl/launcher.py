@@ -40,6 +40,14 @@ def live_url(run_dir) -> str | None:
         return None
 
 
+def live_snapshot(run_dir) -> str | None:
+    """RUN_DIR/live.html, the live page's final state, once the cloud has written it."""
+    from hfl.common.observe.live import SNAPSHOT_FILE
+
+    path = run_dir / SNAPSHOT_FILE
+    return str(path) if path.is_file() else None
+
+
 def round_line(row: dict, rounds: int) -> str:
     acc = "-" if row["accuracy"] is None else f"{100 * row['accuracy']:.2f}%"
     eps = f"  epsilon {row['epsilon_max']:.3g}" if row.get("epsilon_max") is not None else ""
@@ -65,9 +73,10 @@ def progress_table(info: dict, rows: list[dict], elapsed: float, phase: str, url
         eps = (("-" if r.get("epsilon_max") is None else f"{r['epsilon_max']:.3g}"),) if private else ()
         table.add_row(metrics.round_cell(r["round"], rounds), acc, loss, train, _fmt_bytes(r["bytes_up"]),
                       _fmt_bytes(r["bytes_down"]), str(r["refused"]), f"{r['round_seconds']:.1f}s", *eps)
-    if len(rows) < rounds and phase != "done":
+    if len(rows) < rounds and not phase.startswith("done"):
         table.add_row(str(rows[-1]["round"] + 1 if rows else 0), "...", *[""] * (len(columns) - 2 + private))
-    table.caption = f"{phase}, {elapsed:.1f}s since launch" + (f"; live page {url}" if url else "")
+    shown = f"; live page snapshot {url}" if url and url.endswith(".html") else f"; live page {url}" if url else ""
+    table.caption = f"{phase}, {elapsed:.1f}s since launch{shown}"
     return table
 
 
@@ -173,6 +182,10 @@ def run_with_progress(config, overrides, out=None, quiet: bool = False, certs: s
                       f"{summary['privacy']['epsilon_budget']:g}, delta {summary['privacy']['delta']:g}){claimed}"
                       + (f"; stopped: {summary['stop_reason']}" if summary.get("stop_reason") else ""))
     console.print(f"results: {bed.run_dir}/metrics.jsonl, summary.json, accuracy.png; logs in {bed.logs}")
+    snapshot = live_snapshot(bed.run_dir)
+    if snapshot:
+        console.print(f"live page snapshot: {snapshot} (the page's final state; opens in a browser without a server)",
+                      highlight=False, soft_wrap=True)
     if quiet:
         print(metrics.dumps(summary))
     if deaths:

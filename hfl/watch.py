@@ -12,7 +12,7 @@ import urllib.request
 from rich.console import Console
 from rich.live import Live
 
-from hfl.launcher import live_url, progress_table, round_line, run_info
+from hfl.launcher import live_snapshot, live_url, progress_table, round_line, run_info
 
 
 class WatchError(RuntimeError):
@@ -63,7 +63,15 @@ class DirSource:
         rows = metrics.read_jsonl(self.run_dir / "metrics.jsonl")
         finished = (self.run_dir / "summary.json").is_file()
         elapsed = rows[-1]["wall_seconds"] if rows else 0.0
-        return rows, "done" if finished else f"{len(rows)} rounds written", elapsed, finished
+        if not finished:
+            return rows, f"{len(rows)} rounds written", elapsed, False
+        try:
+            stop = json.loads((self.run_dir / "summary.json").read_text()).get("stop_reason")
+        except (OSError, ValueError):  # being written
+            stop = None
+        # a finished run's page is gone with its cloud: point at its snapshot instead
+        self.url = live_snapshot(self.run_dir) or self.url
+        return rows, "done" + (f" (stopped: {stop})" if stop else ""), elapsed, True
 
 
 def watch(target: str, interval: float = 1.0, once: bool = False, tls=None) -> int:

@@ -141,7 +141,7 @@ class RoundTask(_message.Message):
     def __init__(self, round: _Optional[int] = ..., phases: _Optional[_Iterable[_Union[Phase, _Mapping]]] = ..., finished: bool = ..., attempt: _Optional[int] = ..., clusters: _Optional[_Mapping[str, ClusterPlan]] = ...) -> None: ...
 
 class Envelope(_message.Message):
-    __slots__ = ("meta", "tensors", "scalars", "task", "relayed")
+    __slots__ = ("meta", "tensors", "scalars", "task", "relayed", "members")
     class ScalarsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -154,12 +154,30 @@ class Envelope(_message.Message):
     SCALARS_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     RELAYED_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
     meta: Meta
     tensors: _containers.RepeatedCompositeFieldContainer[Tensor]
     scalars: _containers.ScalarMap[str, float]
     task: RoundTask
     relayed: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, meta: _Optional[_Union[Meta, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., scalars: _Optional[_Mapping[str, float]] = ..., task: _Optional[_Union[RoundTask, _Mapping]] = ..., relayed: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    members: _containers.RepeatedCompositeFieldContainer[MemberState]
+    def __init__(self, meta: _Optional[_Union[Meta, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., scalars: _Optional[_Mapping[str, float]] = ..., task: _Optional[_Union[RoundTask, _Mapping]] = ..., relayed: _Optional[_Iterable[bytes]] = ..., members: _Optional[_Iterable[_Union[MemberState, _Mapping]]] = ...) -> None: ...
+
+class MemberState(_message.Message):
+    __slots__ = ("id", "state", "last_seen_s", "refused", "round_s", "rejoins")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_S_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    ROUND_S_FIELD_NUMBER: _ClassVar[int]
+    REJOINS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    state: int
+    last_seen_s: float
+    refused: int
+    round_s: float
+    rejoins: int
+    def __init__(self, id: _Optional[str] = ..., state: _Optional[int] = ..., last_seen_s: _Optional[float] = ..., refused: _Optional[int] = ..., round_s: _Optional[float] = ..., rejoins: _Optional[int] = ...) -> None: ...
 
 class Chunk(_message.Message):
     __slots__ = ("data",)

@@ -82,6 +82,8 @@ class CloudCollector:
         yield labelled(CounterMetricFamily, "hfl_refusals", "messages the cloud refused, by reason", "reason",
                        v.refusals())
         yield labelled(GaugeMetricFamily, "hfl_members", "edges of the cloud by state", "state", v.member_counts())
+        yield labelled(GaugeMetricFamily, "hfl_devices", "devices of the run by state, as their edges last reported "
+                       "them (unknown: no report yet; rejoined: live again after a loss)", "state", v.device_counts())
         yield GaugeMetricFamily("hfl_devices_reporting", "devices in the last round's results",
                                 value=float(last(rows, "devices") or 0))
         yield counter("hfl_dropped_devices", "devices dropped from rounds (lost or late)", total(rows, "dropped_devices"))

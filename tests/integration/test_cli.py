@@ -40,6 +40,7 @@ def test_hfl_run_writes_the_run_directory(tmp_path):
     assert f"in {summary['total_seconds']:.1f}s (start-up" in " ".join(result.stderr.split())
     url = (out / "live_url").read_text().strip()  # the live page's URL, printed beside the progress
     assert url.startswith("http://127.0.0.1:") and f"live page: {url}" in result.stderr
+    assert (out / "live.html").is_file() and f"live page snapshot: {out / 'live.html'}" in result.stderr
 
     # --resume of a finished run: says so within seconds and changes nothing
     before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}

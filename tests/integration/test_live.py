@@ -1,23 +1,27 @@
-"""The live page and Prometheus /metrics of a running testbed (common/observe/), `hfl watch`, and a headless
-Chromium screenshot of the page during a run.
+"""The live page and Prometheus /metrics of a running testbed (common/observe/), `hfl watch`, a headless Chromium
+screenshot of the page during a run, the devices as their edges report them, the wireless medium's plane, and the
+page's snapshot (RUN_DIR/live.html) once the cloud has stopped.
 
-One testbed serves every test of this module: a run long enough that each test sees rounds go by, stopped at the
-end of the module (its later rounds are never needed)."""
+One testbed serves most tests of this module: a run long enough that each test sees rounds go by, stopped at the
+end of the module (its later rounds are never needed). A device host of it is killed by the last of them."""
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import re
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 
 import pytest
 
+from hfl.common import topology
 from hfl.testbed import Testbed
 
 from .conftest import SMALL
@@ -26,13 +30,15 @@ ROUNDS = 300  # never reached: the module stops the run when its tests are done
 # paper 000 with the paper's calibration: the page shows the accountant's epsilon and the paper's claim, labelled
 PRIVATE = ["run.algorithm=h2fdp", "train.tau=4", "train.gamma=2", "privacy.clip=1.0", 'privacy.trust_table={"edge-000" = "trusted"}',
            "privacy.calibration=paper", "privacy.epsilon=1e6"]
+# devices-001-0 serves dev-00003 alone (host_slice), so that one device can be killed; a lost one is given up on soon
+HOSTS = ["topology.host_layout=per_edge", "topology.hosts_per_edge=2", "net.rejoin_grace_s=2"]
 
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("live") / "run"
-    tb = Testbed(None, [*SMALL, *PRIVATE, f"run.rounds={ROUNDS}", "observe.listen=127.0.0.1:0", "observe.refresh_s=0.5"],
-                 run_dir=run_dir)
+    tb = Testbed(None, [*SMALL, *PRIVATE, *HOSTS, f"run.rounds={ROUNDS}", "observe.listen=127.0.0.1:0",
+                        "observe.refresh_s=0.5"], run_dir=run_dir)
     try:
         yield tb.start()
     finally:
@@ -130,6 +136,15 @@ def test_page_and_metrics_follow_the_run(bed):
     assert s["privacy"]["trust"] == {"edge-000": "trusted", "edge-001": "untrusted"}
     assert s["privacy"]["claimed"]["values"] and "claim" in s["privacy"]["claimed"]["label"]
     assert [len(e["devices"]) for e in s["topology"]["edges"]] == [3, 3]
+    # every device of the run, as its edge reported it with its last submit
+    assert [g["edge"] for g in s["devices"]] == ["edge-000", "edge-001"]
+    for g in s["devices"]:
+        assert [d["id"] for d in g["devices"]] == topology.edge_members(bed.cfg, topology.edge_index(g["edge"]))
+        assert g["round"] is not None and {d["state"] for d in g["devices"]} == {"live"}
+        assert all(d["round_s"] > 0 and d["refused"] == 0 and d["rejoins"] == 0 and d["last_seen_s"] >= 0
+                   for d in g["devices"])
+    devices = scrape(url + "metrics")
+    assert devices['hfl_devices{state="live"}'] == 6 and devices['hfl_devices{state="lost"}'] == 0
     status, _, body = get(url + "api/privacy/devices")
     devices = json.loads(body)["devices"]
     assert status == 200 and len(devices) == 6 and max(devices.values()) == pytest.approx(s["privacy"]["epsilon_max"])
@@ -254,6 +269,8 @@ def test_browser_shows_the_accuracy_chart_and_round(bed, tmp_path):
     assert points and int(points.group(1)) >= 3, "the accuracy chart has no points"
     assert 'class="uplot' in html and "<canvas" in html
     assert "accuracy (%)" in html and "state-live" in html
+    assert 'id="devices" data-devices="6"' in html
+    assert len(re.findall(r'data-device="dev-\d+" data-state="live"', html)) == 6
 
     shot = out_dir / "live-page.png"
     result = subprocess.run(flags + [f"--screenshot={shot}", url], capture_output=True, text=True, timeout=120)
@@ -268,6 +285,113 @@ def test_browser_shows_the_accuracy_chart_and_round(bed, tmp_path):
             & (abs(pixels[..., 2] - 0xeb / 255) < 0.05)).sum()
     assert blue > 200, f"only {blue} pixels of the accuracy line"
     print(f"screenshot: {shot} (round {round_ + 1} of {ROUNDS})")
+
+
+def test_a_device_killed_mid_run_shows_as_lost(bed):
+    url = bed.live_url()
+    wait_rows(bed, 1)
+    bed.kill("devices-001-0")  # dev-00003, the only device of that host
+    deadline, lost_in = time.monotonic() + 120, None
+    while True:  # until a report of a whole round without it (the round it was lost in may hold an upload of it)
+        group = {g["edge"]: g for g in state(url)["devices"]}["edge-001"]
+        states = {d["id"]: d["state"] for d in group["devices"]}
+        if states["dev-00003"] == "lost":
+            lost_in = group["round"] if lost_in is None else lost_in
+            if group["round"] > lost_in:
+                break
+        assert time.monotonic() < deadline, f"dev-00003 not shown lost: {states}"
+        bed.check()
+        time.sleep(0.3)
+    assert states == {"dev-00003": "lost", "dev-00004": "live", "dev-00005": "live"}
+    lost = next(d for d in group["devices"] if d["id"] == "dev-00003")
+    assert lost["last_seen_s"] >= 1 and lost["round_s"] is None  # seen before the kill (its grace is 2 s); no upload
+    assert {d["state"] for g in state(url)["devices"] if g["edge"] == "edge-000" for d in g["devices"]} == {"live"}
+    m = scrape(url + "metrics")
+    assert m['hfl_devices{state="lost"}'] == 1 and m['hfl_devices{state="live"}'] == 5
+    assert scrape(bed.edge_metrics_url("edge-001"))['hfl_members{state="lost"}'] == 1  # the edge's own view
+
+
+AIR = ["topology.edges=3", "topology.devices_per_edge=4", "channel.model=ota", "run.algorithm=multiairfed",
+       "train.lr=0.01", "train.tau=4", "train.gamma=2", "net.phase_timeout_s=60", "net.join_timeout_s=120",
+       "data.max_test_samples=500", "observe.listen=127.0.0.1:0", "observe.refresh_s=0.5"]
+AIR_ROUNDS = 6
+
+
+def snapshot_state(html: str) -> dict:
+    found = re.search(r'<script type="application/json" id="hfl-snapshot">(.*?)</script>', html, re.S)
+    assert found, html[:2000]
+    return json.loads(found.group(1))
+
+
+def test_air_mode_page_draws_the_plane_and_its_snapshot_outlives_the_cloud(hfl_testbed, tmp_path):
+    tb = hfl_testbed(overrides=AIR + [f"run.rounds={AIR_ROUNDS}"])
+    url = tb.live_url()
+    wait_rows(tb, 1)
+    status, _, body = get(url + "api/plane")
+    plane = json.loads(body)["plane"]
+    assert status == 200 and [e["id"] for e in plane["edges"]] == topology.edge_ids(tb.cfg)
+    assert [d["id"] for d in plane["devices"]] == [topology.device_id(k) for k in range(12)]
+    assert plane["interferer_devices_total"] > 0 and plane["interferer_edges"]
+    s = state(url)
+    assert s["run"]["medium"] is True and [len(g["devices"]) for g in s["devices"]] == [4, 4, 4]
+
+    browser = chromium()
+    flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+             f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1400,2200", "--virtual-time-budget=6000"]
+    live_dom = None
+    if len(tb.metrics()) < AIR_ROUNDS - 1:  # the page while the run goes on (its cloud serves it)
+        live_dom = subprocess.run(flags + ["--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
+    print(f"the live page's plane checked during the run: {live_dom is not None}")
+
+    seen: list[dict] = []  # a page polling to the end (every refresh_s) sees the run end before its cloud goes
+
+    def follow():
+        while True:
+            try:
+                seen.append(state(url)["progress"])
+            except (OSError, AssertionError):
+                return
+            time.sleep(0.5)
+
+    poller = threading.Thread(target=follow, daemon=True)
+    poller.start()
+    summary = tb.wait(timeout=600)
+    poller.join(timeout=30)
+    rows = tb.metrics()
+    assert summary["rounds"] == AIR_ROUNDS and summary["stop_reason"] is None
+    assert seen[-1]["finished"] is True and seen[-1]["ended"] == f"all {AIR_ROUNDS} rounds done", seen[-3:]
+    snapshot = tb.run_dir / "live.html"
+    assert snapshot.is_file()
+    html = snapshot.read_text()
+    assert "/static/" not in html and "<link" not in html  # self-contained: no server, no other file
+    final = snapshot_state(html)
+    assert final["progress"]["finished"] is True and final["progress"]["ended"] == f"all {AIR_ROUNDS} rounds done"
+    assert [(r["round"], r["accuracy"]) for r in final["rows"]] == [(r["round"], r["accuracy"]) for r in rows]
+    assert final["rows"][-1]["round"] == AIR_ROUNDS - 1 and final["progress"]["completed"] == AIR_ROUNDS
+    assert final["plane"] == plane and final["snapshot"]["file"] == "live.html"
+    assert [g["round"] for g in final["devices"]] == [AIR_ROUNDS - 1] * 3
+    assert {d["state"] for g in final["devices"] for d in g["devices"]} == {"live"}
+    assert {n["state"] for n in final["nodes"]} == {"done"}  # every edge collected the final task and left
+
+    # the snapshot renders with no server: the final round, the ended banner, the plane with the run's 12 devices
+    dom = subprocess.run(flags + ["--dump-dom", snapshot.as_uri()], capture_output=True, text=True, timeout=120).stdout
+    for page in filter(None, (live_dom, dom)):
+        assert len(re.findall(r'class="plane-device"', page)) == 2 * 12, page[:3000]  # clusters and window views
+        assert len(re.findall(r'class="plane-edge"', page)) == 2 * 3
+        assert 'data-view="clusters"' in page and 'data-view="window"' in page and 'class="interferer-devices"' in page
+    assert 'data-state="snapshot"' in dom and f">{AIR_ROUNDS} / {AIR_ROUNDS}<" in dom
+    assert re.search(r'id="ended" class="ended">This run has ended: all \d+ rounds done\.', dom)
+    shots = pathlib.Path(__file__).resolve().parents[2] / ".cache" / "live-page"
+    shots.mkdir(parents=True, exist_ok=True)
+    subprocess.run(flags + [f"--screenshot={shots / 'live-air-snapshot.png'}", snapshot.as_uri()], capture_output=True,
+                   timeout=120)
+
+    # hfl watch on the finished run: its table, the end, and where its page's snapshot is
+    out = subprocess.run([sys.executable, "-m", "hfl.cli", "watch", str(tb.run_dir), "--once"], capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "COLUMNS": "200"})
+    said = " ".join(out.stdout.split())
+    assert out.returncode == 0 and f"{AIR_ROUNDS - 1} ({AIR_ROUNDS}/{AIR_ROUNDS} done)" in said, out.stdout
+    assert "done, " in said and f"live page snapshot {snapshot}" in said
 
 
 def test_under_mutual_tls_the_page_asks_for_a_certificate_of_the_run(hfl_testbed, tmp_path):

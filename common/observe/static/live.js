@@ -2,9 +2,14 @@
 "use strict";
 (function () {
   const rows = [];
-  let refresh = 2000, timer = null, charts = {}, lastState = null;
+  let refresh = 2000, timer = null, charts = {}, lastState = null, plane = null, planeAsked = false;
   const $ = (id) => document.getElementById(id);
   const COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2"];
+  const STATE_COLOUR = { live: "#16a34a", rejoined: "#16a34a", late: "#d97706", lost: "#dc2626", waiting: "#9ca3af",
+                         unknown: "#cbd5e1", done: "#64748b" };
+  const TRUST_STROKE = { trusted: "#1d4ed8", untrusted: "#7f1d1d" };
+  const openGroups = {};  // edge -> whether the user opened its devices table (kept across redraws)
+  const SNAPSHOT = $("hfl-snapshot");  // live.html: the final state embedded, no server
 
   function fmtBytes(n) {
     if (n == null) return "-";
@@ -97,7 +102,7 @@
       cell(tr, n.id);
       cell(tr, n.state, "state-" + n.state);
       cell(tr, n.trust);
-      cell(tr, n.last_seen_s == null ? "never" : n.last_seen_s < 1 ? "now" : n.last_seen_s + " s ago");
+      cell(tr, ago(n.last_seen_s));
       cell(tr, n.refused);
       cell(tr, n.devices);
       cell(tr, n.dropped);
@@ -106,6 +111,54 @@
       cell(tr, n.fusion_weight == null ? null : Number(n.fusion_weight).toPrecision(4));
       body.appendChild(tr);
     }
+  }
+
+  function ago(s) { return s == null ? "never" : s < 1 ? "now" : s + " s ago"; }
+
+  function deviceStates(groups) {
+    const out = {};
+    for (const g of groups || []) for (const d of g.devices) out[d.id] = d.state;
+    return out;
+  }
+
+  // one table per edge, collapsed by default when the run has many devices
+  function drawDevices(groups) {
+    const el = $("devices");
+    const total = groups.reduce((n, g) => n + g.devices.length, 0);
+    el.dataset.devices = String(total);
+    el.replaceChildren(...groups.map((g) => {
+      const det = document.createElement("details");
+      det.className = "devices";
+      det.dataset.edge = g.edge;
+      det.open = g.edge in openGroups ? openGroups[g.edge] : total <= 24;
+      det.addEventListener("toggle", () => { openGroups[g.edge] = det.open; });
+      const counts = {};
+      for (const d of g.devices) counts[d.state] = (counts[d.state] || 0) + 1;
+      const summary = document.createElement("summary");
+      summary.textContent = g.edge + ": " + Object.entries(counts).map(([k, v]) => v + " " + k).join(", ") +
+        (g.round == null ? " (no report yet)" : " (as of round " + g.round + ")");
+      const table = document.createElement("table");
+      const head = table.createTHead().insertRow();
+      for (const h of ["device", "state", "last seen", "refused", "round time", "rejoins"]) {
+        const th = document.createElement("th");
+        th.textContent = h;
+        head.appendChild(th);
+      }
+      const body = table.createTBody();
+      for (const d of g.devices) {
+        const tr = body.insertRow();
+        tr.dataset.device = d.id;
+        tr.dataset.state = d.state;
+        cell(tr, d.id);
+        cell(tr, d.state, "state-" + d.state);
+        cell(tr, d.state === "unknown" ? null : ago(d.last_seen_s));
+        cell(tr, d.refused);
+        cell(tr, d.round_s == null ? null : d.round_s.toFixed(2) + " s");
+        cell(tr, d.rejoins);
+      }
+      det.append(summary, table);
+      return det;
+    }));
   }
 
   function keyValues(table, obj, fmt) {
@@ -153,9 +206,10 @@
     return el;
   }
 
-  function drawTopology(topo, nodes) {
+  function drawTopology(topo, nodes, devices) {
     const state = Object.fromEntries(nodes.map((n) => [n.id, n.state]));
-    const colour = { live: "#16a34a", rejoined: "#16a34a", late: "#d97706", lost: "#dc2626", waiting: "#9ca3af" };
+    const dState = deviceStates(devices);
+    const colour = STATE_COLOUR;
     const edges = topo.edges, width = Math.max(520, edges.length * 140), height = 190;
     const root = svg("svg", { width: width, height: height, viewBox: `0 0 ${width} ${height}`, role: "img" });
     const cx = width / 2;
@@ -172,8 +226,8 @@
       shown.forEach((d, j) => {
         const px = x - 48 + (j + 0.5) * dx;
         svg("line", { x1: x, y1: y + 13, x2: px, y2: 150, stroke: "#cbd5e1" }, root);
-        svg("circle", { cx: px, cy: 155, r: 5, fill: "#64748b" }, root).appendChild(
-          svg("title", {})).textContent = d;
+        svg("circle", { cx: px, cy: 155, r: 5, fill: colour[dState[d]] || "#64748b" }, root).appendChild(
+          svg("title", {})).textContent = d + " " + (dState[d] || "");
       });
       svg("text", { x: x, y: 178, "text-anchor": "middle", fill: "#374151" }, root).textContent =
         e.devices.length + " devices";
@@ -183,6 +237,91 @@
     m.textContent = topo.medium ? "wireless medium: " + Object.entries(topo.medium)
       .filter(([, v]) => v != null).map(([k, v]) => k + " " + (typeof v === "number" ? Number(v).toPrecision(4) : v))
       .join(", ") : "";
+  }
+
+  // The wireless medium's plane: the run's clusters up close, and the whole window with its interferers. Interferer
+  // devices are one path of round dots (thousands of them); the run's devices and edges are coloured by state,
+  // an edge's outline by its trust as in the topology picture.
+  function planeView(pl, dState, eState, trust, zoom) {
+    let x0, x1, y0, y1;
+    if (zoom) {
+      const xs = pl.edges.map((e) => e.x).concat(pl.devices.map((d) => d.x));
+      const ys = pl.edges.map((e) => e.y).concat(pl.devices.map((d) => d.y));
+      const pad = 1.15 * pl.R + 5;  // every cluster's disc of radius R in full
+      [x0, x1, y0, y1] = [Math.min(...xs) - pad, Math.max(...xs) + pad, Math.min(...ys) - pad, Math.max(...ys) + pad];
+    } else {
+      [x0, x1, y0, y1] = [-pl.window_radius, pl.window_radius, -pl.window_radius, pl.window_radius];
+    }
+    const size = zoom ? 440 : 280, k = size / Math.max(x1 - x0, y1 - y0, 1e-9);
+    const X = (x) => ((x - x0) * k).toFixed(1), Y = (y) => (size - (y - y0) * k).toFixed(1);
+    const inside = (x, y) => x >= x0 && x <= x1 && y >= y0 && y <= y1;
+    const root = svg("svg", { width: size, height: size, viewBox: `0 0 ${size} ${size}`, role: "img",
+                              "data-view": zoom ? "clusters" : "window", class: "plane" });
+    svg("rect", { x: 0, y: 0, width: size, height: size, fill: "#f8fafc", stroke: "#e2e8f0" }, root);
+    if (!zoom) svg("circle", { cx: X(0), cy: Y(0), r: pl.window_radius * k, fill: "none", stroke: "#94a3b8",
+                               "stroke-dasharray": "3 3" }, root);
+    const far = pl.interferer_devices.filter(([x, y]) => inside(x, y));
+    if (far.length) svg("path", { d: far.map(([x, y]) => `M${X(x)} ${Y(y)}h0`).join(""), stroke: "#cbd5e1",
+                                  "stroke-width": zoom ? 4 : 2, "stroke-linecap": "round", fill: "none",
+                                  class: "interferer-devices", "data-count": far.length }, root);
+    const tri = (x, y, r) => `${X(x)},${(+Y(y) - r).toFixed(1)} ${(+X(x) - r).toFixed(1)},${(+Y(y) + r).toFixed(1)} ` +
+                             `${(+X(x) + r).toFixed(1)},${(+Y(y) + r).toFixed(1)}`;
+    for (const [x, y] of pl.interferer_edges) {
+      if (inside(x, y)) svg("polygon", { points: tri(x, y, zoom ? 6 : 3), fill: "#94a3b8", class: "interferer-edge" }, root);
+    }
+    for (const e of pl.edges) {
+      svg("circle", { cx: X(e.x), cy: Y(e.y), r: Math.max(pl.R * k, 2), fill: "none", stroke: "#93c5fd" }, root);
+    }
+    for (const d of pl.devices) {
+      const dot = svg("circle", { cx: X(d.x), cy: Y(d.y), r: zoom ? 4.5 : 2, fill: STATE_COLOUR[dState[d.id] || "unknown"],
+                                  class: "plane-device", "data-id": d.id }, root);
+      svg("title", {}, dot).textContent = d.id + " (" + d.edge + "): " + (dState[d.id] || "unknown");
+    }
+    for (const e of pl.edges) {
+      const mark = svg("polygon", { points: tri(e.x, e.y, zoom ? 9 : 5), fill: STATE_COLOUR[eState[e.id]] || "#9ca3af",
+                                    stroke: TRUST_STROKE[trust[e.id]] || "#334155", "stroke-width": trust[e.id] ? 2.5 : 1,
+                                    class: "plane-edge", "data-id": e.id }, root);
+      svg("title", {}, mark).textContent = e.id + ": " + (eState[e.id] || "-") + (trust[e.id] ? ", " + trust[e.id] : "");
+      if (zoom) svg("text", { x: +X(e.x) + 11, y: +Y(e.y) - 8, fill: "#1e293b" }, root).textContent = e.id;
+    }
+    if (zoom) {  // a scale bar of R metres
+      const len = pl.R * k;
+      svg("line", { x1: 10, y1: size - 12, x2: 10 + len, y2: size - 12, stroke: "#334155", "stroke-width": 2 }, root);
+      svg("text", { x: 14 + len, y: size - 8, fill: "#334155" }, root).textContent = pl.R + " m (R)";
+    } else {
+      svg("text", { x: 6, y: 14, fill: "#334155" }, root).textContent = "window " + pl.window_radius + " m: " +
+        pl.interferer_edges.length + " other edges, " + pl.interferer_devices_total + " devices";
+    }
+    return root;
+  }
+
+  function drawPlane(s) {
+    const pl = s.plane || plane;
+    if (!pl) return;
+    const trust = Object.fromEntries(s.topology.edges.map((e) => [e.id, e.trust]));
+    const eState = Object.fromEntries(s.nodes.map((n) => [n.id, n.state]));
+    const dState = deviceStates(s.devices);
+    $("plane-panel").hidden = false;
+    $("plane").replaceChildren(planeView(pl, dState, eState, trust, true), planeView(pl, dState, eState, trust, false));
+    $("plane").dataset.devices = String(pl.devices.length);
+  }
+
+  async function fetchPlane() {
+    planeAsked = true;
+    try {
+      const res = await fetch("/api/plane", { cache: "no-store" });
+      plane = (await res.json()).plane;
+      if (lastState) drawPlane(lastState);
+    } catch (err) { planeAsked = false; }  // asked again with the next state
+  }
+
+  function drawEnded(p, snapshot) {
+    const el = $("ended");
+    el.hidden = !p.ended && !snapshot;
+    el.textContent = (p.ended ? "This run has ended: " + p.ended + ". " : "") + (snapshot
+      ? "This page is its final state, written to " + snapshot.file + " in the run directory when the cloud stopped (" +
+        snapshot.written_at + "); it no longer updates."
+      : "Its cloud writes this page's final state to live.html in the run directory (it opens without a server).");
   }
 
   function render(s) {
@@ -197,13 +336,18 @@
     text($("emulated"), fmtSeconds(p.emulated_s));
     const evaluated = rows.filter((r) => r.accuracy != null);
     text($("accuracy"), evaluated.length ? pct(evaluated[evaluated.length - 1].accuracy) : "-");
-    text($("status"), p.finished ? (p.stop_reason ? "stopped: " + p.stop_reason : "finished") : "running");
+    text($("status"), p.finished ? (p.stop_reason ? "stopped: " + p.stop_reason : "finished")
+                                 : p.ended ? "stopped" : "running");
+    drawEnded(p, s.snapshot);
     drawCharts();
     drawNodes(s.nodes);
     drawPrivacy(s.privacy);
     keyValues($("links"), s.links, fmtBytes);
     keyValues($("refusals"), s.refusals_at_cloud);
-    drawTopology(s.topology, s.nodes);
+    drawDevices(s.devices || []);
+    drawTopology(s.topology, s.nodes, s.devices);
+    if (s.run.medium && !s.snapshot && !planeAsked) fetchPlane();
+    drawPlane(s);
   }
 
   async function poll() {
@@ -221,7 +365,8 @@
     } catch (err) {
       // the cloud's process ends with its run: after a last round shown, that is the likely reason
       $("status").textContent = "cloud not answering (" + err.message + ")" +
-        (lastState && rows.length ? "; the run may be over (its cloud exits at the end)" : "") + "; retrying";
+        (lastState && rows.length ? "; the run may be over (its cloud exits at the end; its final state is in " +
+                                     "live.html in the run directory)" : "") + "; retrying";
       document.body.dataset.state = "error";
     }
     timer = setTimeout(poll, refresh);
@@ -232,8 +377,8 @@
     const out = $("device-eps-out");
     out.textContent = "computing...";
     try {
-      const res = await fetch("/api/privacy/devices", { cache: "no-store" });
-      const d = await res.json();
+      const d = SNAPSHOT ? { devices: lastState.device_epsilons || {} }
+                         : await (await fetch("/api/privacy/devices", { cache: "no-store" })).json();
       const table = document.createElement("table");
       keyValues(table, d.devices, (x) => Number(x).toPrecision(4));
       out.replaceChildren(table);
@@ -242,5 +387,14 @@
   window.addEventListener("resize", () => {
     for (const c of Object.values(charts)) c.plot.setSize({ width: Math.max(320, c.el.clientWidth), height: 230 });
   });
-  poll();
+  if (SNAPSHOT) {  // live.html: render the embedded final state once; nothing to poll
+    const s = JSON.parse(SNAPSHOT.textContent);
+    rows.push(...s.rows);
+    lastState = s;
+    $("served").textContent = "a snapshot of the live page (no server; Prometheus metrics were served by the cloud);";
+    render(s);
+    document.body.dataset.state = "snapshot";
+  } else {
+    poll();
+  }
 })();

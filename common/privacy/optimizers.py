@@ -11,12 +11,11 @@ the accounting is DP-SGD's. Each rule is a small object holding its moments, vec
     adagrad: G += g^2, theta -= lr g / (sqrt(G) + eps) (Duchi et al. 2011; torch.optim.Adagrad's defaults: G_0 = 0,
              eps = 1e-10)
 
+Torch is never imported here (the rules only call tensor methods): edges validate plans that name a rule.
 Reading chosen here: a rule's state lives for one local phase (devices start each round from the global model and
 keep nothing between rounds), so the moments restart with every local_dp_sgd phase.
 """
 from __future__ import annotations
-
-import torch
 
 from hfl.common.registry import Registry
 
@@ -24,17 +23,17 @@ OPTIMIZERS: Registry = Registry("DP-SGD update rule")
 
 
 class Sgd:
-    def __init__(self, like: torch.Tensor):
+    def __init__(self, like: "torch.Tensor"):
         pass
 
-    def step(self, theta: torch.Tensor, total: torch.Tensor, lr: float, lot: float = 1.0) -> None:
+    def step(self, theta: "torch.Tensor", total: "torch.Tensor", lr: float, lot: float = 1.0) -> None:
         """One update from the lot's noisy sum `total` (g = total / lot; `total` may be overwritten)."""
         theta.sub_(total, alpha=lr / lot)
 
 
 class Adam(Sgd):
-    def __init__(self, like: torch.Tensor, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
-        self.m, self.v = torch.zeros_like(like), torch.zeros_like(like)
+    def __init__(self, like: "torch.Tensor", betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
+        self.m, self.v = like.new_zeros(like.shape), like.new_zeros(like.shape)
         self.b1, self.b2, self.eps, self.t = betas[0], betas[1], eps, 0
 
     def step(self, theta, total, lr, lot=1.0):
@@ -47,8 +46,8 @@ class Adam(Sgd):
 
 
 class Adagrad(Sgd):
-    def __init__(self, like: torch.Tensor, eps: float = 1e-10):
-        self.sum, self.eps = torch.zeros_like(like), eps
+    def __init__(self, like: "torch.Tensor", eps: float = 1e-10):
+        self.sum, self.eps = like.new_zeros(like.shape), eps
 
     def step(self, theta, total, lr, lot=1.0):
         grad = total.div_(lot)

@@ -15,7 +15,8 @@ from hfl.common import plans, topology
 from hfl.common.wire import WireError
 from hfl.common.privacy import accountant, calibration, on_wire
 from hfl.common.privacy import config as privacy_config
-from hfl.common.privacy.wavelet import padded_length
+from hfl.common.privacy.schedules import SCHEDULES
+from hfl.common.privacy.wavelet import lemma2_multiplier, padded_length
 from hfl.common.privacy.events import DpRecord
 from hfl.common.privacy.ledger import PrivacyLedger
 from hfl.common.privacy.trust import TRUSTED, effective_trust, resolve_trust, sample_participants
@@ -44,8 +45,9 @@ class PrivacyPolicy:
         self.max_weight = float(max((padded_length(n) for n in scope), default=1))
         # claimed, not measured (paper 000's formula, paper 002's wavelet clip): exempt from the budget stop. At
         # sample level "paper" only picks sigma by the accountant, as the paper does: a sound vanilla DP-SGD.
+        self.lemma2 = bool(self.wavelet) and p.wavelet_sigma == "lemma2"  # paper 002 Lemma 2: a claimed saving
         self.placement = PLACEMENTS.get(self.algorithm.privacy)(self)
-        self.claim_only = self.placement.claim_only()
+        self.claim_only = self.placement.claim_only() or self.lemma2
         self.edges = list(edges)
         self.members = {e: topology.edge_members(cfg, topology.edge_index(e)) for e in self.edges}
         fraction = None if p.trusted_fraction == -1.0 else p.trusted_fraction
@@ -64,6 +66,7 @@ class PrivacyPolicy:
         common = dict(epsilon=p.epsilon, delta=p.delta, mode=p.calibration, accountant=p.accountant,
                       noise_multiplier=p.noise_multiplier if p.calibration == "noise_multiplier" else None)
         self.settings = {e: self.placement.calibrate(e, common) for e in self.edges}
+        self.schedule = self._schedule()
         self.placement.check_levels(self.levels)
         self.stopped: str | None = None
         self.planned: dict[int, dict[str, tuple[str, ...]]] = {}  # round -> edge -> participants, as planned
@@ -90,18 +93,31 @@ class PrivacyPolicy:
             epsilon=p.epsilon, delta=p.delta, steps=self.sample_steps_per_round * self.cfg.run.rounds,
             lot_rate=p.lot_rate, clip=self.sample_sensitivity, mode=p.calibration, accountant=p.accountant,
             noise_multiplier=p.noise_multiplier if p.calibration == "noise_multiplier" else None,
-            lot=p.lot, dataset_size=population, wavelet=self.wavelet, max_weight=self.max_weight)
+            lot=p.lot, dataset_size=population, wavelet=self.wavelet, max_weight=self.max_weight, lemma2=self.lemma2)
 
     def wavelet_claim(self, setting: calibration.NoiseSetting) -> calibration.NoiseSetting:
         """DP-FedAvg-WAV in the paper's calibration (clip ||H|| <= S, noise std / W_c): the multiplier really given is
-        z / max_c W_c (digest 002 P1); the accountant's figure for z becomes the claim."""
-        if self.wavelet != "paper":
+        z / max_c W_c (digest 002 P1); the accountant's figure for z becomes the claim. With privacy.wavelet_sigma =
+        lemma2 the noise is scaled by paper 002's Lemma 2 first (z_Haar = z sqrt(2 / (2 + log2 m))), the figure for z
+        again only the paper's claim."""
+        if not self.wavelet or (self.wavelet != "paper" and not self.lemma2):
             return setting
         claimed = setting.epsilon_claimed if setting.epsilon_claimed is not None else setting.epsilon
-        z = setting.noise_multiplier / self.max_weight
-        spent = accountant.epsilon_of_releases([("gaussian", z, setting.sampling_rate, setting.releases)],
+        z = setting.std / setting.sensitivity  # the multiplier that scales the noise (what the plan carries)
+        if self.lemma2:
+            z = lemma2_multiplier(z, int(self.max_weight))
+        true = z / self.max_weight if self.wavelet == "paper" else z
+        spent = accountant.epsilon_of_releases([("gaussian", true, setting.sampling_rate, setting.releases)],
                                                setting.delta, setting.accountant)
-        return dataclasses.replace(setting, noise_multiplier=z, epsilon=spent, epsilon_claimed=claimed)
+        return dataclasses.replace(setting, noise_multiplier=true, std=z * setting.sensitivity, epsilon=spent,
+                                   epsilon_claimed=claimed)
+
+    def _schedule(self):
+        """The run's noise and clip schedule (privacy.schedules), built on the calibrated constant multiplier."""
+        setting = next(iter(self.settings[self.edges[0]].values()))
+        steps = max(1, setting.releases // max(1, self.cfg.run.rounds))
+        return SCHEDULES.get(self.algorithm.schedule or "constant")(
+            self.p, self.cfg.run.rounds, setting.std / setting.sensitivity, steps, setting.sampling_rate)
 
     # ---- each round -------------------------------------------------------------------------
     def participants(self, r: int, counts: Mapping[str, int] | None = None) -> dict[str, tuple[str, ...]]:
@@ -123,9 +139,14 @@ class PrivacyPolicy:
         self.planned[r] = {e: tuple(participants[e]) for e in self.edges}
         self.plan_params[r] = {}
         train = (round_cfg or self.cfg).train
+        scale = self.schedule.scale(r)
         for e in self.edges:
             params = {"trusted": float(self.levels[e] == TRUSTED), **on_wire.shape_params(self.p.mechanism, self.wavelet)}
             plans_[e], checked = self.placement.cluster_plan(e, participants[e], params, train, round_cfg)
+            scale.apply(params)  # round r's noise and clip under the schedule: in the plan and in what is checked
+            scale.apply(plans_[e].params)
+            for device_plan in plans_[e].devices.values():
+                scale.apply(device_plan.params)
             if checked:
                 self.plan_params[r][e] = dict(params)
         return plans_
@@ -154,7 +175,10 @@ class PrivacyPolicy:
         return [self.device_sizes[d] for d in self.members[edge]]
 
     def planned_records(self, r: int, participants: Mapping[str, Sequence[str]]) -> list[DpRecord]:
-        return self.placement.planned_records(r, participants)
+        scale = self.schedule.scale(r)
+        return [rec.replace(noise_multiplier=rec.noise_multiplier * scale.multiplier,
+                            sensitivity=rec.sensitivity * scale.clip)
+                for rec in self.placement.planned_records(r, participants)]
 
     def refuse_round(self, r: int, participants, dry_run: bool = False) -> str | None:
         """Why round r may not start (it would take a device past privacy.epsilon), or None.
@@ -214,6 +238,10 @@ class PrivacyPolicy:
                               "epsilon_planned": v.epsilon, "epsilon_claimed": v.epsilon_claimed}
                           for s, v in self.settings[e].items()} for e in self.edges},
             "level": self.p.level, "mechanism": self.p.mechanism, "wavelet_calibration": self.wavelet or None,
+            "wavelet_sigma": ("lemma2: paper 002 Lemma 2's multiplier sigma sqrt(2 / (2 + log2 m)); epsilon_claimed is "
+                              "the paper's claim for sigma" if self.lemma2 else "algorithm") if self.wavelet else None,
+            "clip": self.p.clip, "clip_rule": self.p.clip_rule, "optimizer": self.p.optimizer,
+            "schedule": self.schedule.describe(),
             "epsilon_label": ("epsilon: the accountant (dp-accounting) on the noise really added; epsilon_claimed: "
                               "the paper's arithmetic, not a measurement") if self.claimed() is not None else
                              "epsilon: the accountant (dp-accounting) on the noise really added",

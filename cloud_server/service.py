@@ -32,6 +32,7 @@ from hfl.common.pipeline import Link
 from hfl.common.quantization.schedule import RoundSchedule
 from hfl.common.seeding import numpy_rng, torch_generator
 from hfl.common.service_base import Gate, Liveness, Refusals, RoundBoard, refuse
+from hfl.common.privacy.proxy_clip import resolve_clip
 from hfl.common.shard import evaluate, make_shard
 from hfl.proto import hfl_v1_pb2 as pb
 from hfl.proto import hfl_v1_pb2_grpc as pbg
@@ -101,6 +102,7 @@ class CloudServer(Gate, pbg.CloudServiceServicer):
         self.test = make_shard(x_te, y_te, data.mean, data.std)
         self.model = build(self.cfg.model.name, data.input_shape, data.num_classes)
         init_parameters(self.model, torch_generator(self.cfg.run.seed, "cloud", 0, 0, "init"))
+        self.cfg = resolve_clip(self.cfg, self.model, data)  # privacy.clip_rule: a clip from public data, once
         self.w = get_flat(self.model)
         self.dim = num_parameters(self.model)
         parts = partition(data.y_train, self.cfg.num_devices, numpy_rng(self.cfg.run.seed, "data", "partition"), self.cfg.data,

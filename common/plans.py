@@ -43,6 +43,7 @@ class Algorithm:
     fusion: str = ""     # relay: the cloud's fusion rule when precision.fusion = "auto" (quantization.fusion)
     clusters: str = ""   # relay: cluster sizes per round when precision.cluster_mode = "auto"
     noise: str = ""      # a privacy.mechanism forced by the algorithm (the -wav variants: "wavelet")
+    schedule: str = ""   # privacy.schedules.SCHEDULES: how noise and clip change over the rounds ("" = constant)
 
 
 ALGORITHMS: Registry = Registry("algorithm")
@@ -121,6 +122,7 @@ def local_dp_sgd(cfg) -> pb.Phase:
     """A local phase of sample-level DP-SGD; the noise multiplier comes with the cluster plan (the cloud
     calibrates it), everything else is here. Parameters are numbers: `wavelet` / `paper` / `per_layer` / `fixed`
     are 0 or 1, per-layer clips are clip_0, clip_1, ..."""
+    from hfl.common.privacy import optimizers
     from hfl.common.privacy.config import effective, wavelet_calibration
 
     p = effective(cfg.privacy, ALGORITHMS.get(cfg.run.algorithm))
@@ -129,7 +131,8 @@ def local_dp_sgd(cfg) -> pb.Phase:
                          ">= 1 (DP-SGD steps per edge round, edge rounds per cloud round)")
     params = dict(lr=cfg.train.lr, steps=dp_sgd_steps(cfg.train, p.lot_rate), q=p.lot_rate, clip=p.clip,
                   fixed=float(p.lot == "fixed"), wavelet=float(p.mechanism == "wavelet"),
-                  paper=float(wavelet_calibration(p) == "paper"), per_layer=float(p.wavelet_scope == "per_layer"))
+                  paper=float(wavelet_calibration(p) == "paper"), per_layer=float(p.wavelet_scope == "per_layer"),
+                  optimizer=optimizers.code(p.optimizer))
     params.update({f"clip_{j}": c for j, c in enumerate(p.layer_clips)})
     return phase(LOCAL_DP_SGD, **params)
 
@@ -172,6 +175,13 @@ ALGORITHMS.register("dp-sgd", Algorithm("dp-sgd", dp_sgd, "samples", "samples",
 ALGORITHMS.register("dp-sgd-wav", Algorithm("dp-sgd-wav", dp_sgd, "samples", "samples",
                                             "paper 002, Algorithm 1 (DP-SGD-WAV) on every device", "sample",
                                             noise="wavelet"))
+ALGORITHMS.register("dyn-dp-sgd", Algorithm("dyn-dp-sgd", dp_sgd, "samples", "samples",
+                                            "Du et al. 2021 (arXiv:2111.00173): DP-SGD with a decaying clip and noise "
+                                            "multiplier per round (paper 002's Dyn-DP-SGD baseline)", "sample",
+                                            schedule="dyn"))
+ALGORITHMS.register("dyn-dp-fedavg", Algorithm("dyn-dp-fedavg", dp_fedavg, "samples", "equal",
+                                               "Du et al. 2021's schedule on DP-FedAvg at a trusted aggregator (paper "
+                                               "002's Dyn-DP-FedAvg baseline)", "aggregator", schedule="dyn"))
 
 for _name, _codecs, _fusion, _clusters, _ref in (
         ("sq-fl", ("sq",), "uniform", "random", "paper 004 baseline SQ-FL: Algorithm 1 with the plain b-bit SQ"),

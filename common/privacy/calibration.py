@@ -18,6 +18,7 @@ import numpy as np
 
 from .accountant import epsilon_of_dp_events, epsilon_of_releases, make_accountant
 from .events import MECHANISMS, DpRecord, accounting_event
+from .wavelet import lemma2_multiplier
 
 MODES = ("paper", "sound", "noise_multiplier")
 
@@ -329,7 +330,8 @@ def _sampled_epsilon(z: float, steps: int, rate: float, population: int, delta: 
 
 def calibrate_dp_sgd(*, epsilon: float, delta: float, steps: int, lot_rate: float, clip: float, mode: str = "sound",
                      noise_multiplier: float | None = None, accountant: str = "rdp", lot: str = "poisson",
-                     dataset_size: int = 0, wavelet: str = "", max_weight: float = 1.0) -> NoiseSetting:
+                     dataset_size: int = 0, wavelet: str = "", max_weight: float = 1.0, lemma2: bool = False
+                     ) -> NoiseSetting:
     """Noise of `steps` DP-SGD steps on one device's data (all rounds together): each step is a subsampled
     Gaussian on the sum of per-example vectors clipped to `clip` (C, or sqrt(sum_j C_j^2) per layer).
 
@@ -340,7 +342,11 @@ def calibrate_dp_sgd(*, epsilon: float, delta: float, steps: int, lot_rate: floa
     - Poisson lots (rate q, add/remove-one): z; fixed lots of round(q n) without replacement (replace-one, where
       the clipped sum moves by up to 2C): z / 2, with `dataset_size` n as the population;
     - wavelet = "paper" (||H|| <= C, noise z C / W_c; digest 002 P1): z / max_c W_c, and `epsilon_claimed` is the
-      accountant's figure for z, the paper's claim; wavelet = "sound" (||W (.) H|| <= C): z itself.
+      accountant's figure for z, the paper's claim; wavelet = "sound" (||W (.) H|| <= C): z itself;
+    - `lemma2` (a wavelet only): the noise is scaled by paper 002's Lemma 2, z_Haar = z sqrt(2 / (2 + log2 m)) with m =
+      `max_weight` (the padded length), so the noise std is z_Haar C (/ W_c); `epsilon_claimed` is the accountant's
+      figure for z (the paper's claim that the same (epsilon, delta) holds) and the multiplier really given is
+      z_Haar (sound clip) or z_Haar / m (paper clip).
     """
     _check_common(epsilon, delta, mode)
     _positive("clip", clip)
@@ -374,8 +380,15 @@ def calibrate_dp_sgd(*, epsilon: float, delta: float, steps: int, lot_rate: floa
         z = calibrate_multiplier(epsilon, delta, int(steps), rate, accountant=accountant)
     claimed = None
     true_z = z / adjacency
-    if wavelet == "paper":
+    if lemma2:
+        if not wavelet:
+            raise ValueError("lemma2 scales wavelet noise only (wavelet = sound or paper)")
         claimed = _sampled_epsilon(true_z, steps, rate, population, delta, accountant)
+        z = lemma2_multiplier(z, int(max_weight))
+        true_z = z / adjacency
+    if wavelet == "paper":
+        if claimed is None:
+            claimed = _sampled_epsilon(true_z, steps, rate, population, delta, accountant)
         true_z = true_z / float(max_weight)
     spent = _sampled_epsilon(true_z, steps, rate, population, delta, accountant)
     return NoiseSetting(mode=mode, tier="device-sample", stream="sample", mechanism="gaussian",

@@ -63,6 +63,29 @@ class PrivacySection:
                                "is then not private against anyone holding run.seed, and says so)")
     trace_uploads: bool = doc(False, "edges log the names (never the values) of every upload's scalars and transform "
                               "parameters (logs/edge-*.log, 'upload keys'): audit what leaves a device")
+    wavelet_sigma: str = choice("algorithm", ("algorithm", "lemma2"),
+                                "wavelet noise multiplier: algorithm = sigma itself (paper 002 Algs. 1-2); lemma2 = "
+                                "sigma sqrt(2 / (2 + log2 m)) (paper 002 Lemma 2, corrected; m the padded length): "
+                                "less noise for the same claimed epsilon, so epsilon_claimed is the paper's claim for "
+                                "sigma and epsilon the accountant's for the noise really added (digest P1, P2)")
+    optimizer: str = choice("sgd", "hfl.common.privacy.optimizers:OPTIMIZERS",
+                            "sample-level DP-SGD: the update rule the clipped, noised lot gradient is fed to (adam: "
+                            "DP-Adam, adagrad: DP-AdaGrad; post-processing, so the accounting is DP-SGD's); moments "
+                            "start afresh in every local phase")
+    dyn_rho_c: float = doc(0.5, "Dyn-DP (dyn-dp-sgd, dyn-dp-fedavg): the clip decays to rho_c x its first value over "
+                           "the run, C_r = C rho_c^(r / rounds) (Du et al. 2021)")
+    dyn_rho_mu: float = doc(0.5, "Dyn-DP: the noise multiplier decays to rho_mu x its first value, z_r = z_0 "
+                            "rho_mu^(r / rounds) (Du et al. 2021)")
+    dyn_budget: str = choice("accountant", ("accountant", "gdp"),
+                             "Dyn-DP: z_0 spends the budget of the constant multiplier by dp_accounting's epsilon "
+                             "(accountant) or by Du et al.'s CLT Gaussian-DP total (gdp, their Eq. 10); the ledger "
+                             "charges the noise really added either way")
+    clip_rule: str = choice("fixed", ("fixed", "median_proxy"),
+                            "sample level: fixed = privacy.clip; median_proxy = the median per-example gradient norm "
+                            "(Haar coefficient norm for the wavelet clip) at the initial model over privacy.clip_proxy "
+                            "test images drawn from the run seed, computed once by the cloud before training (digest "
+                            "002 P13; the test split is public and no device trains on it)")
+    clip_proxy: int = doc(256, "clip_rule = median_proxy: size of the public proxy set", min=1)
     sensitivity: str = choice("auto", ("auto", "window", "tau"),
                               "H2FDP sensitivity: window = 2 eta m G (a release sums one window of m = train.gamma "
                               "steps: sound and tight); tau = 2 eta tau G (paper 000 Lemma 3.2, literal); auto: tau when "
@@ -141,6 +164,24 @@ def validate_privacy(section: PrivacySection, edge_ids: Sequence[str], algorithm
     if section.enabled and section.placement == "sample" and section.lot == "fixed" and section.accountant != "rdp":
         _fail("accountant", "must be rdp with fixed lots: dp_accounting's PLD accountant has no sampling without "
                             "replacement")
+    if section.wavelet_sigma == "lemma2" and section.enabled and section.mechanism != "wavelet":
+        _fail("wavelet_sigma", "lemma2 scales wavelet noise only (dp-sgd-wav, dp-fedavg-wav)")
+    if section.optimizer != "sgd" and section.enabled and section.placement != "sample":
+        _fail("optimizer", f"{section.optimizer} applies to sample-level DP-SGD only (dp-sgd, dp-sgd-wav, dyn-dp-sgd)")
+    if not (0.0 < section.dyn_rho_c <= 1.0 and 0.0 < section.dyn_rho_mu <= 1.0):
+        _fail("dyn_rho_c", f"and dyn_rho_mu must lie in (0, 1], got {section.dyn_rho_c!r}, {section.dyn_rho_mu!r}")
+    if section.clip_rule == "median_proxy" and section.enabled and section.placement != "sample":
+        _fail("clip_rule", "median_proxy sets a per-example clip: sample-level DP-SGD only (a user-level clip bounds a "
+                           "whole update, not an example's gradient)")
+    if section.clip_rule == "median_proxy" and section.layer_clips:
+        _fail("clip_rule", "median_proxy sets one flat clip; it cannot be combined with privacy.layer_clips")
+    from hfl.common import plans
+
+    schedule = plans.ALGORITHMS.get(algorithm).schedule if algorithm in plans.ALGORITHMS else ""
+    if schedule == "dyn" and section.enabled and section.mechanism != "gaussian":
+        _fail("mechanism", f"{algorithm} schedules Gaussian noise (Du et al. 2021); got {section.mechanism!r}")
+    if schedule == "dyn" and section.enabled and section.placement == "sample" and section.lot != "poisson":
+        _fail("lot", f"{algorithm} needs Poisson lots (one multiplier per round for every device)")
     if not section.c2 > 0:
         _fail("c2", f"must be > 0, got {section.c2!r}")
     if not (section.v2 > 0 or section.v2 == -1.0):

@@ -29,6 +29,7 @@ from torch.nn import functional as F
 
 from hfl.common.models import num_parameters, set_flat
 
+from .optimizers import OPTIMIZERS
 from .wavelet import CALIBRATIONS, SCOPES, WaveletLayout, effective_multiplier
 
 MECHANISMS = ("gaussian", "wavelet")
@@ -714,7 +715,8 @@ def dp_event(info: dict):
 def dp_sgd(model: nn.Module, w: np.ndarray, shard, lr: float, steps: int, q: float, clip: float,
            noise_multiplier: float, mechanism: str, generator: torch.Generator, *, lot: str = "poisson",
            calibration: str = "sound", layer_bounds: Sequence[float] | None = None, wavelet_scope: str = "flat",
-           physical_batch: int = 256, grad_method: str = "auto") -> tuple[np.ndarray, float, dict]:
+           physical_batch: int = 256, grad_method: str = "auto", optimizer: str = "sgd"
+           ) -> tuple[np.ndarray, float, dict]:
     """`steps` DP-SGD steps from flat weights `w` on `shard` (a device_client.training.Shard).
 
     Each step draws a lot, computes per-example gradients g_i, clips them (flat to `clip`, or per layer to
@@ -724,7 +726,9 @@ def dp_sgd(model: nn.Module, w: np.ndarray, shard, lr: float, steps: int, q: flo
       wavelet:  g^ = IHWT(sum_i clip(HWT(g_i)) + N(0, sigma^2 S^2 / W^2)) / L   (paper 002 Alg. 1; per-layer
                 bounds need wavelet_scope "per_layer", so each layer's coefficients are clipped to its C_j)
     with the wavelet clip on ||W (.) H|| (calibration "sound") or ||H|| (calibration "paper"; see wavelet.py).
-    L = q n for Poisson lots, round(q n) for fixed ones. An empty Poisson lot still gets its noise.
+    L = q n for Poisson lots, round(q n) for fixed ones. An empty Poisson lot still gets its noise. `optimizer` (a
+    name in optimizers.OPTIMIZERS) is the rule g^ is fed to: sgd (theta -= lr g^), adam (DP-Adam), adagrad
+    (DP-AdaGrad); post-processing of the same release, so the accounting dict does not depend on it.
 
     grad_method "bookkeeping" (the default "auto" where every layer is Linear or Conv2d, either mechanism) gets the
     clipped sum without per-example gradient rows (the wavelet norms level by level, wavelet_part_norms); "vmap"
@@ -757,6 +761,7 @@ def dp_sgd(model: nn.Module, w: np.ndarray, shard, lr: float, steps: int, q: flo
     _check("shard", n >= 1, "non-empty", n)
 
     theta = torch.from_numpy(np.asarray(w, dtype=np.float32)).clone()
+    rule = OPTIMIZERS.get(optimizer)(theta)
     _check("w", theta.numel() == num_parameters(model), f"a vector of {num_parameters(model)} values", theta.numel())
     set_flat(model, theta.numpy())
     model.train()
@@ -803,7 +808,7 @@ def dp_sgd(model: nn.Module, w: np.ndarray, shard, lr: float, steps: int, q: flo
             total += part
             loss_sum += float(losses.sum())
             loss_count += len(chunk)
-        theta.sub_(noisy_sum(total, noise_scale, layout, generator, noise), alpha=lr / expected_lot)
+        rule.step(theta, noisy_sum(total, noise_scale, layout, generator, noise), lr, expected_lot)
 
     info = accounting(mechanism=mechanism, calibration=calibration if mechanism == "wavelet" else "sound",
                       noise_multiplier=noise_multiplier, q=q, steps=steps, lot=lot, n=n, sensitivity=sensitivity,

@@ -14,7 +14,7 @@ def test_defaults_and_overrides():
     ("bogus.x=1", "unknown key 'bogus'"),
     ("train.local_unit=epoch", "bad value for train.local_unit: 'epoch'; allowed: steps, epochs"),
     ("model.name=resnet", "bad value for model.name: 'resnet'; allowed: cifar-cnn, "),
-    ("run.algorithm=fedprox", "bad value for run.algorithm: 'fedprox'; allowed: dp-fedavg, dp-fedavg-wav, dp-sgd, dp-sgd-wav, dpsq-fl, dpsq-fl-fwo, dpsq-fl-fwo-cso, fedavg, fedsgd, h2fdp, hfl-dp, hier-local-qsgd, hierfavg"),
+    ("run.algorithm=fedprox", "bad value for run.algorithm: 'fedprox'; allowed: dp-fedavg, dp-fedavg-wav, dp-sgd, dp-sgd-wav, dpsq-fl, dpsq-fl-fwo, dpsq-fl-fwo-cso, dyn-dp-fedavg, dyn-dp-sgd, fedavg, fedsgd, h2fdp, hfl-dp, hier-local-qsgd, hierfavg"),
     ("run.algorithm=fedsgd", "fedsgd runs in air mode, which needs channel.model = ota or orthogonal"),
     ("pipeline.clip=l2", "bad value for pipeline.clip: 'l2'; allowed:"),
     ("pipeline.uplink_encoding=int3", "allowed: dpsq, float16, float32, laplace-sq, qsgd, sq"),

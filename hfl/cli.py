@@ -336,6 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from hfl import families  # noqa: F401  (every role and command reads configs that name them)
     from hfl.common.config import ConfigError
 
     if args.command in ("cloud", "edge", "devices"):

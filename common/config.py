@@ -183,7 +183,7 @@ class Config:
     pipeline: PipelineSection = field(default_factory=PipelineSection)
     net: NetSection = field(default_factory=NetSection)
     latency: LatencySection = field(default_factory=LatencySection)
-    families: Mapping[str, Any] = field(default_factory=_family_defaults, repr=False)  # registered sections by name
+    families: Mapping[str, Any] = field(default_factory=_family_defaults)  # the families' sections by name
 
     def __getattr__(self, name: str) -> Any:  # config.privacy, config.channel, ...: a family's section
         families = self.__dict__.get("families")

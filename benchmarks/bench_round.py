@@ -28,6 +28,7 @@ import psutil
 import torch
 from torch.nn import functional as F
 
+from hfl import families  # noqa: F401
 from hfl.common import config as config_mod
 from hfl.common.data import load_dataset
 from hfl.common.models import build, init_parameters

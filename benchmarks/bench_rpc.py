@@ -114,6 +114,7 @@ def serve(port_q, cmd_q, mode: str, dim: int, chunk_bytes: int) -> None:
 async def client_exchanges(port: int, n: int, dim: int, chunk_bytes: int, server_cpu, profile: cProfile.Profile | None = None):
     from hfl.common import rpc, wire
     from hfl.common.pipeline import Link
+    from hfl import families  # noqa: F401
     from hfl.common import config as config_mod
     from hfl.proto import hfl_v1_pb2 as pb
     from hfl.proto import hfl_v1_pb2_grpc as pbg

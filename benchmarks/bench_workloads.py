@@ -39,6 +39,7 @@ from torch.nn import functional as F
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
+from hfl import families  # noqa: E402,F401
 from hfl.common import config as config_mod  # noqa: E402
 from hfl.common import plans  # noqa: E402
 from hfl.common.data import load_dataset  # noqa: E402

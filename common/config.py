@@ -1,6 +1,8 @@
 """Run configuration: frozen dataclasses loaded from TOML, with `--set section.key=value` overrides.
 
-Unknown keys and bad values fail with a message that names the key and the allowed values.
+Unknown keys and bad values fail with a message that names the key and the allowed values. The engine's sections are
+declared here; a family (privacy, quantization, channel, control, ...) adds its own section and its checks from its
+own package with `register_section` and `register_validator`, so this module imports none of them.
 """
 from __future__ import annotations
 
@@ -11,11 +13,10 @@ import pathlib
 import tomllib
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
-
-class ConfigError(ValueError):
-    pass
+from .config_error import ConfigError
+from .registry import Registry
 
 
 def choice(default: Any, choices: tuple[str, ...] | str, doc: str = "") -> Any:
@@ -148,6 +149,30 @@ class LatencySection:
 
 
 @dataclass(frozen=True)
+class FamilySection:
+    name: str
+    cls: type
+    after: str  # the section it follows in files and docs ("" = at the end)
+
+
+SECTIONS: Registry[FamilySection] = Registry("config section")
+_FAMILY_ORDER: list[str] = []  # registration order (the Registry lists names sorted)
+
+
+def register_section(name: str, cls: type, after: str = "") -> type:
+    """A family's [name] table: `cls` is a frozen dataclass of defaults; `after` places it in files and docs."""
+    if name in ENGINE_SECTIONS or name == "families":
+        raise ValueError(f"config section {name!r} is the engine's")
+    SECTIONS.register(name, FamilySection(name, cls, after))
+    _FAMILY_ORDER.append(name)
+    return cls
+
+
+def _family_defaults() -> dict[str, Any]:
+    return {name: cls() for name, cls in sections() if name in SECTIONS}
+
+
+@dataclass(frozen=True)
 class Config:
     run: RunSection = field(default_factory=RunSection)
     topology: TopologySection = field(default_factory=TopologySection)
@@ -157,33 +182,50 @@ class Config:
     aggregation: AggregationSection = field(default_factory=AggregationSection)
     pipeline: PipelineSection = field(default_factory=PipelineSection)
     net: NetSection = field(default_factory=NetSection)
-    privacy: "PrivacySection" = field(default_factory=lambda: _privacy_section()())
     latency: LatencySection = field(default_factory=LatencySection)
-    channel: "ChannelSection" = field(default_factory=lambda: _lazy_section("ChannelSection")())
-    clock: "ClockSection" = field(default_factory=lambda: _lazy_section("ClockSection")())
-    precision: "PrecisionSection" = field(default_factory=lambda: _lazy_section("PrecisionSection")())
-    control: "ControlSection" = field(default_factory=lambda: _lazy_section("ControlSection")())
-    observe: "ObserveSection" = field(default_factory=lambda: _lazy_section("ObserveSection")())
+    families: Mapping[str, Any] = field(default_factory=_family_defaults)  # the families' sections by name
+
+    def __getattr__(self, name: str) -> Any:  # config.privacy, config.channel, ...: a family's section
+        families = self.__dict__.get("families")
+        if families is not None and name in families:
+            return families[name]
+        if name.startswith("__") or families is None:
+            raise AttributeError(name)
+        raise AttributeError(f"config has no section {name!r}; registered: {', '.join(n for n, _ in sections())} "
+                             "(the built-in families register theirs when `hfl.families` is imported)")
 
     @property
     def num_devices(self) -> int:
         return self.topology.edges * self.topology.devices_per_edge
 
+    def replace(self, **changes: Any) -> "Config":
+        """A copy with whole sections replaced, the engine's or a family's (dataclasses.replace knows only the
+        engine's): cfg.replace(privacy=dataclasses.replace(cfg.privacy, clip=2.0))."""
+        engine = {k: v for k, v in changes.items() if k in ENGINE_SECTIONS}
+        unknown = [k for k in changes if k not in engine and k not in self.families]
+        if unknown:
+            raise AttributeError(f"config has no section {unknown[0]!r}; registered: "
+                                 f"{', '.join(n for n, _ in sections())}")
+        families = {**self.families, **{k: v for k, v in changes.items() if k not in engine}}
+        return dataclasses.replace(self, **engine, families=families)
 
-def _privacy_section():
-    from hfl.common.privacy.config import PrivacySection
 
-    return PrivacySection
+ENGINE_SECTIONS = tuple(f.name for f in dataclasses.fields(Config) if f.name != "families")
 
 
-_LAZY_SECTIONS = {"PrivacySection": "hfl.common.privacy.config", "ChannelSection": "hfl.common.channel.config",
-                  "ClockSection": "hfl.common.channel.config", "PrecisionSection": "hfl.common.quantization.config",
-                  "ControlSection": "hfl.common.control.config",
-                  "ObserveSection": "hfl.common.observe.config"}
-
-
-def _lazy_section(name: str) -> type:
-    return getattr(importlib.import_module(_LAZY_SECTIONS[name]), name)
+def sections() -> list[tuple[str, type]]:
+    """Every section, the engine's and the families', in the order of files and docs: a family's section follows
+    the one it names (once that one is placed), the rest in registration order at the end."""
+    types = {f.name: f.default_factory for f in dataclasses.fields(Config) if f.name != "families"}
+    order, pending = list(ENGINE_SECTIONS), list(_FAMILY_ORDER)
+    followers: dict[str, int] = {}  # anchor -> sections placed after it so far (kept in registration order)
+    while ready := [n for n in pending if SECTIONS.get(n).after in order]:
+        name, after = ready[0], SECTIONS.get(ready[0]).after
+        order.insert(order.index(after) + 1 + followers.get(after, 0), name)
+        followers[after] = followers.get(after, 0) + 1
+        pending.remove(name)
+    order += pending
+    return [(name, types[name] if name in types else SECTIONS.get(name).cls) for name in order]
 
 
 def _resolve_choices(choices: tuple[str, ...] | str) -> list[str]:
@@ -242,13 +284,10 @@ def _scalar(key: str, hint: type, value: Any) -> Any:
 
 
 def _section_class(f: dataclasses.Field) -> type | None:
-    """The dataclass of a config section field (sections of mechanism packages are built lazily)."""
-    if f.default_factory is dataclasses.MISSING:
-        return None
-    if dataclasses.is_dataclass(f.default_factory):
+    """The dataclass of a field that holds a nested table."""
+    if f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(f.default_factory):
         return f.default_factory
-    name = str(f.type).strip("'\"")
-    return _lazy_section(name) if name in _LAZY_SECTIONS else None
+    return None
 
 
 def _hints(f: dataclasses.Field) -> Any:
@@ -277,90 +316,76 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
     return cls(**kwargs)
 
 
+def _build_config(data: Mapping[str, Any]) -> Config:
+    classes = dict(sections())
+    unknown = set(data) - set(classes)
+    if unknown:
+        raise ConfigError(f"unknown key {sorted(unknown)[0]!r}; allowed keys in the top level: {', '.join(classes)}")
+    built = {}
+    for name, cls in classes.items():
+        if name in data:
+            if not isinstance(data[name], Mapping):
+                raise ConfigError(f"[{name}] must be a table")
+            built[name] = _build(cls, data[name], name)
+    engine = {name: built.pop(name) for name in ENGINE_SECTIONS if name in built}
+    return Config(**engine, families={**_family_defaults(), **built})
+
+
 def from_dict(data: Mapping[str, Any], check_choices: bool = True) -> Config:
     """Build a Config; `check_choices=False` skips registry look-ups (and their heavy imports)
-    for a config the cloud already validated."""
-    config = _build(Config, data, "")
+    for a config the cloud already validated. The plugins load first, so that a section they add is known."""
     from hfl.common.plugins import load_plugins
 
-    load_plugins(config.run.plugins)
+    run = data.get("run", {})
+    load_plugins(_build(RunSection, run, "run").plugins if isinstance(run, Mapping) else ())
+    config = _build_config(data)
     if check_choices:
         validate_choices(config)
         validate_cross(config)
     return config
 
 
+@dataclass(frozen=True)
+class Validator:
+    check: Callable[[Config], None]  # raises ConfigError naming the key to change
+    after_plan: bool                  # runs once the round plan builds (it may rely on the plan's checks)
+
+
+_VALIDATORS: list[Validator] = []
+
+
+def register_validator(check: Callable[[Config], None], after_plan: bool = False) -> Callable[[Config], None]:
+    """A family's check across sections, run by `validate_cross` in registration order: before the pipeline's and
+    the plan's checks, or after them (`after_plan`)."""
+    if any(v.check is check for v in _VALIDATORS):
+        raise ValueError(f"validator {check.__qualname__} is already registered")
+    _VALIDATORS.append(Validator(check, after_plan))
+    return check
+
+
 def validate_cross(config: Config) -> None:
-    """Checks across sections: the algorithm's topology needs and the privacy policy."""
-    from hfl.common import plans, topology
-    from hfl.common.privacy.config import validate_privacy
+    """Checks across sections: the algorithm's topology needs, then the families' checks, the pipeline's and the
+    round plan's."""
+    from hfl.common import plans
 
     algorithm = plans.ALGORITHMS.get(config.run.algorithm)
     if algorithm.max_edges and config.topology.edges > algorithm.max_edges:
         raise ConfigError(f"topology.edges = {config.topology.edges}: {algorithm.name} runs one cluster "
                           f"(at most {algorithm.max_edges} edge)")
-    if config.privacy.enabled and not algorithm.privacy:
-        private = [n for n in plans.ALGORITHMS if plans.ALGORITHMS.get(n).privacy]
-        raise ConfigError(f"privacy.enabled: {algorithm.name} adds no DP noise; use one of {', '.join(private)}")
     if config.train.participants > config.topology.devices_per_edge:
         raise ConfigError(f"train.participants = {config.train.participants} exceeds topology.devices_per_edge "
                           f"= {config.topology.devices_per_edge}")
-    section = config.privacy
-    if algorithm.trust and (section.trusted_fraction != -1.0 or section.trust_table):
-        key = "privacy.trust_table" if section.trust_table else f"privacy.trusted_fraction = {section.trusted_fraction}"
-        raise ConfigError(f"{key}: {algorithm.name} fixes every edge's trust to {algorithm.trust}; unset it "
-                          "(trusted_fraction = -1.0) or use h2fdp, whose trust the policy decides")
-    if section.level == "sample" and algorithm.privacy != "sample":
-        sample = [n for n in plans.ALGORITHMS if plans.ALGORITHMS.get(n).privacy == "sample"]
-        raise ConfigError(f"privacy.level = sample: {algorithm.name} is not sample-level DP; use one of "
-                          f"{', '.join(sample)}")
-    if algorithm.noise and section.mechanism not in ("gaussian", algorithm.noise):
-        raise ConfigError(f"privacy.mechanism = {section.mechanism}: {algorithm.name} uses {algorithm.noise} noise")
-    from hfl.common.privacy.config import effective
-
-    validate_privacy(effective(section, algorithm), topology.edge_ids(config), config.run.algorithm)
-    from hfl.common.privacy.stages import NOISE_STAGES
-
-    for slot in ("device_noise", "edge_noise"):
-        if getattr(config.pipeline, slot) in NOISE_STAGES:
-            raise ConfigError(f"pipeline.{slot} = {getattr(config.pipeline, slot)}: noise in a pipeline slot is not "
-                              "recorded as a DP event, so no epsilon would cover it; use a private algorithm (h2fdp, "
-                              "hfl-dp, dp-fedavg, dp-sgd, ...) and [privacy], which place, calibrate and charge the noise")
-    may_trust = algorithm.privacy == "aggregator" or (algorithm.privacy == "by_trust" and algorithm.trust != "untrusted")
-    if may_trust and config.pipeline.aggregate != "weighted_mean":
-        raise ConfigError(f"pipeline.aggregate = {config.pipeline.aggregate}: a trusted edge's DP noise is calibrated "
-                          "to the sensitivity of a weighted mean; a robust rule's sensitivity is not bounded that way "
-                          "(a median or trimmed mean moves by up to the whole clip); use weighted_mean with "
-                          f"{algorithm.name}")
-    if section.layer_clips:
-        _check_layer_clips(config)
-    from hfl.common.quantization import schedule
-
-    schedule.validate(config)
-    from hfl.common.quantization.config import validate_precision
-
-    validate_precision(config)
-    from hfl.common.control.config import validate_control
-
-    validate_control(config)
-    from hfl.common.channel.config import validate_channel
-
-    validate_channel(config.channel, config.clock)
+    for v in _VALIDATORS:
+        if not v.after_plan:
+            v.check(config)
     validate_pipeline(config)  # after the mechanism sections, whose own messages name their keys
     try:  # a round plan the algorithm cannot build (e.g. h2fdp's tau not a multiple of m) is a config error
         plans.build_plan(config)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    from hfl.common.modes import MODES
-
-    mode = MODES.get(algorithm.mode)
-    if config.channel.model not in mode.channel_models:
-        raise ConfigError(f"channel.model = {config.channel.model!r}: {algorithm.name} runs in {mode.name} mode, which "
-                          f"needs channel.model = {' or '.join(mode.channel_models)}")
-    if mode.name == "air":
-        from hfl.common.channel.config import validate_air_mode
-
-        validate_air_mode(config, algorithm, PipelineSection())
+    for v in _VALIDATORS:
+        if v.after_plan:
+            v.check(config)
 
 
 HOP_SECTIONS = ("uplink_encoding", "backhaul_encoding", "downlink_encoding")
@@ -411,39 +436,23 @@ def validate_pipeline(config: Config) -> None:
                               f"for pipeline.{key} = {name!r}; allowed: {', '.join(accepted) or 'none'}")
         required = [q.name for q in fixed if q.default is q.empty and q.kind in (q.POSITIONAL_OR_KEYWORD, q.KEYWORD_ONLY)]
         missing = [r for r in required if r not in params]
-        private = config.privacy.enabled or plans.ALGORITHMS.get(config.run.algorithm).privacy
-        if missing and not private:  # a private algorithm's plan carries the clip and noise parameters
+        if missing and not plans.is_private(config):  # a private algorithm's plan carries the clip and noise parameters
             raise ConfigError(f"pipeline.{key} = {name!r} needs [pipeline.params.{name}] {', '.join(missing)} = ...")
 
 
-def _check_layer_clips(config: Config) -> None:
-    """privacy.layer_clips needs one bound per parameter tensor of the model (torch is imported only here)."""
-    from hfl.common.models import build
-
-    channels = 3 if config.data.dataset.startswith("cifar") else (
-        config.data.synthetic_shape[0] if config.data.dataset == "synthetic" else 1)
-    side = 32 if channels == 3 else 28
-    shape = tuple(config.data.synthetic_shape) if config.data.dataset == "synthetic" else (channels, side, side)
-    names = [n for n, _ in build(config.model.name, shape, 10).named_parameters()]
-    if len(config.privacy.layer_clips) != len(names):
-        raise ConfigError(f"privacy.layer_clips has {len(config.privacy.layer_clips)} values; model "
-                          f"{config.model.name} has {len(names)} parameter tensors ({', '.join(names)}): give one "
-                          "bound per tensor, in that order")
-
-
 def validate_choices(config: Config) -> None:
-    for section in dataclasses.fields(Config):
-        obj = getattr(config, section.name)
+    for name, _ in sections():
+        obj = getattr(config, name)
         for f in dataclasses.fields(obj):
             if "choices" in f.metadata:
                 allowed = _resolve_choices(f.metadata["choices"])
                 value = getattr(obj, f.name)
                 if value not in allowed:
-                    raise ConfigError(f"bad value for {section.name}.{f.name}: {value!r}; allowed: {', '.join(allowed)}")
+                    raise ConfigError(f"bad value for {name}.{f.name}: {value!r}; allowed: {', '.join(allowed)}")
 
 
 def to_dict(config: Config) -> dict[str, Any]:
-    return json.loads(json.dumps(dataclasses.asdict(config)))
+    return json.loads(json.dumps({name: dataclasses.asdict(getattr(config, name)) for name, _ in sections()}))
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -511,12 +520,12 @@ def reference() -> str:
     """Markdown table of every key, its default and meaning (used by the README)."""
     rows = ["| key | default | meaning |", "|---|---|---|"]
     defaults = to_dict(Config())
-    for section in dataclasses.fields(Config):
-        for f in dataclasses.fields(_section_class(section)):
+    for name, cls in sections():
+        for f in dataclasses.fields(cls):
             meaning = f.metadata.get("doc", "")
             choices = f.metadata.get("choices")
             if choices is not None:
                 meaning += f" (one of: {', '.join(_resolve_choices(choices))})"
-            rows.append(f"| `{section.name}.{f.name}` | `{json.dumps(defaults[section.name][f.name])}` | {meaning} |")
+            rows.append(f"| `{name}.{f.name}` | `{json.dumps(defaults[name][f.name])}` | {meaning} |")
     return "\n".join(rows)
 

@@ -197,6 +197,3 @@ def _distortion(sent: np.ndarray, received: np.ndarray) -> dict[str, float]:
 
 def aggregate(name: str, vectors: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:
     return AGGREGATORS.get(name)(vectors, weights)
-
-
-from . import privacy  # noqa: E402,F401  (registers the clip and noise stages; no torch)

@@ -1,4 +1,8 @@
-"""Round plans as data: each algorithm is a function from the config to a list of phases."""
+"""Round plans as data: each algorithm is a function from the config to a list of phases.
+
+The plain schedules (HierFAVG, FedAvg, QHetFed, Hier-Local-QSGD) are registered here; a family registers its own
+algorithms from its package (privacy.algorithms, quantization.algorithms, channel.algorithms), so this module
+imports none of them."""
 from __future__ import annotations
 
 import math
@@ -93,62 +97,9 @@ def hier_local_qsgd(cfg) -> list[pb.Phase]:
     return hierfavg(cfg)
 
 
-def h2fdp(cfg) -> list[pb.Phase]:
-    """H2FDP without control (paper 000, Alg. 2 as made implementable in the digest, section 2): tau SGD
-    steps per global round with every minibatch gradient clipped to G (privacy.clip), a local
-    aggregation every m = gamma steps; the global aggregation subsumes the last local one, so
-    K_l = tau / m - 1 (digest section 10). Who adds noise is per cluster data (RoundTask.clusters)."""
-    m, tau = cfg.train.gamma, cfg.train.tau
-    if m < 1 or tau < m or tau % m:
-        raise ValueError(f"{cfg.run.algorithm}: train.tau ({tau}) must be a positive multiple of train.gamma ({m}), "
-                         "the local aggregation period m")
-    window = [phase(LOCAL_SGD, lr=cfg.train.lr, steps=m, clip=cfg.privacy.clip), phase(EDGE_MODEL_SYNC)]
-    return window * (tau // m) + [phase(CLOUD_SYNC)]
-
-
-def dp_fedavg(cfg) -> list[pb.Phase]:
-    """User-level DP-FedAvg (McMahan et al. 2018; paper 002 P8, P9) with each trusted edge as the
-    aggregator of its cluster: local training, one update per sampled device clipped to S, the edge's
-    fixed-denominator sum plus noise, then the cloud's mean over clusters."""
-    return [local_sgd(cfg.train), phase(EDGE_MODEL_SYNC), phase(CLOUD_SYNC)]
-
-
 def dp_sgd_steps(train, lot_rate: float) -> int:
     """Local DP-SGD steps per local phase: train.gamma steps, or gamma epochs as ceil(gamma / q) lots."""
     return int(train.gamma) if train.local_unit != "epochs" else math.ceil(train.gamma / lot_rate - 1e-9)
-
-
-def local_dp_sgd(cfg) -> pb.Phase:
-    """A local phase of sample-level DP-SGD; the noise multiplier comes with the cluster plan (the cloud
-    calibrates it), everything else is here. Parameters are numbers: `wavelet` / `paper` / `per_layer` / `fixed`
-    are 0 or 1, per-layer clips are clip_0, clip_1, ..."""
-    from hfl.common.privacy import optimizers
-    from hfl.common.privacy.config import effective, wavelet_calibration
-
-    p = effective(cfg.privacy, ALGORITHMS.get(cfg.run.algorithm))
-    if dp_sgd_steps(cfg.train, p.lot_rate) < 1 or cfg.train.tau < 1:
-        raise ValueError(f"{cfg.run.algorithm}: train.gamma ({cfg.train.gamma}) and train.tau ({cfg.train.tau}) must be "
-                         ">= 1 (DP-SGD steps per edge round, edge rounds per cloud round)")
-    params = dict(lr=cfg.train.lr, steps=dp_sgd_steps(cfg.train, p.lot_rate), q=p.lot_rate, clip=p.clip,
-                  fixed=float(p.lot == "fixed"), wavelet=float(p.mechanism == "wavelet"),
-                  paper=float(wavelet_calibration(p) == "paper"), per_layer=float(p.wavelet_scope == "per_layer"),
-                  optimizer=optimizers.code(p.optimizer))
-    params.update({f"clip_{j}": c for j, c in enumerate(p.layer_clips)})
-    return phase(LOCAL_DP_SGD, **params)
-
-
-def dp_sgd(cfg) -> list[pb.Phase]:
-    """Sample-level DP-SGD (Abadi et al. 2016) or DP-SGD-WAV (paper 002, Alg. 1) on every device, in HierFAVG's
-    schedule: tau edge rounds of (gamma DP-SGD steps -> edge model sync), then cloud sync. The edges and the
-    cloud only average: every model delta a device sends is already private at sample level."""
-    return [local_dp_sgd(cfg), phase(EDGE_MODEL_SYNC)] * cfg.train.tau + [phase(CLOUD_SYNC)]
-
-
-def quantized_fl(cfg) -> list[pb.Phase]:
-    """Paper 004, Algorithm 1 on the hierarchy: every drawn device runs L = gamma local SGD steps from the global
-    model, clips (pipeline.clip = "clip_l1") and quantizes its model difference with its own b_m; edges relay each
-    upload unchanged (digest 004 P13) and the cloud fuses them with weights omega (uniform, FWO, FedHQ-like)."""
-    return [local_sgd(cfg.train), phase(EDGE_MODEL_SYNC), phase(CLOUD_SYNC)]
 
 
 ALGORITHMS.register("hierfavg", Algorithm("hierfavg", hierfavg, "samples", "samples", "Liu et al., ICC 2020"))
@@ -159,74 +110,6 @@ ALGORITHMS.register("qhetfed-gamma1", Algorithm("qhetfed-gamma1", qhetfed_gamma1
                                                 "paper 001, Corollary 2 (gamma = 1)"))
 ALGORITHMS.register("hier-local-qsgd", Algorithm("hier-local-qsgd", hier_local_qsgd, "devices", "devices",
                                                  "paper 001, Algorithm 2 (Liu et al. TWC 2023), 1/N fix"))
-ALGORITHMS.register("h2fdp", Algorithm("h2fdp", h2fdp, "devices", "equal", "paper 000, Algorithm 2", "by_trust"))
-ALGORITHMS.register("hfl-dp", Algorithm("hfl-dp", h2fdp, "devices", "equal", "paper 000 baseline: every edge untrusted",
-                                        "by_trust", trust="untrusted"))
-ALGORITHMS.register("pedpfl-style", Algorithm("pedpfl-style", h2fdp, "devices", "equal",
-                                              "paper 000 baseline: star-LDP (PEDPFL-style), one cluster, local DP",
-                                              "by_trust", trust="untrusted", max_edges=1))
-ALGORITHMS.register("dp-fedavg", Algorithm("dp-fedavg", dp_fedavg, "samples", "equal",
-                                           "McMahan et al. 2018, user-level DP at a trusted aggregator", "aggregator"))
-ALGORITHMS.register("dp-fedavg-wav", Algorithm("dp-fedavg-wav", dp_fedavg, "samples", "equal",
-                                               "paper 002, Algorithm 2: DP-FedAvg with wavelet-domain noise at a "
-                                               "trusted aggregator", "aggregator", noise="wavelet"))
-ALGORITHMS.register("dp-sgd", Algorithm("dp-sgd", dp_sgd, "samples", "samples",
-                                        "Abadi et al. 2016 on every device (paper 002's vanilla baseline)", "sample"))
-ALGORITHMS.register("dp-sgd-wav", Algorithm("dp-sgd-wav", dp_sgd, "samples", "samples",
-                                            "paper 002, Algorithm 1 (DP-SGD-WAV) on every device", "sample",
-                                            noise="wavelet"))
-ALGORITHMS.register("dyn-dp-sgd", Algorithm("dyn-dp-sgd", dp_sgd, "samples", "samples",
-                                            "Du et al. 2021 (arXiv:2111.00173): DP-SGD with a decaying clip and noise "
-                                            "multiplier per round (paper 002's Dyn-DP-SGD baseline)", "sample",
-                                            schedule="dyn"))
-ALGORITHMS.register("dyn-dp-fedavg", Algorithm("dyn-dp-fedavg", dp_fedavg, "samples", "equal",
-                                               "Du et al. 2021's schedule on DP-FedAvg at a trusted aggregator (paper "
-                                               "002's Dyn-DP-FedAvg baseline)", "aggregator", schedule="dyn"))
-
-for _name, _codecs, _fusion, _clusters, _ref in (
-        ("sq-fl", ("sq",), "uniform", "random", "paper 004 baseline SQ-FL: Algorithm 1 with the plain b-bit SQ"),
-        ("dpsq-fl", ("dpsq",), "uniform", "random", "paper 004, Algorithm 1 (omega = 1/N, random cluster sizes)"),
-        ("dpsq-fl-fwo", ("dpsq",), "fwo", "random", "paper 004, Algorithm 1 + FWO (eq. 14)"),
-        ("dpsq-fl-fwo-cso", ("dpsq",), "fwo", "cso", "paper 004, Algorithm 1 + FWO + CSO (eq. 27)"),
-        ("laplacesq-fl", ("laplace-sq",), "fedhq", "random",
-         "paper 004 baseline LaplaceSQ-FL (FedHQ-like weights; absolute numbers not reproducible, digest P4)")):
-    ALGORITHMS.register(_name, Algorithm(_name, quantized_fl, "devices", "fusion", _ref, mode="relay", codecs=_codecs,
-                                         fusion=_fusion, clusters=_clusters))
-
-
-def multiairfed(cfg) -> list[pb.Phase]:
-    """MultiAirFed (paper 003, Alg. 1 on the air, digest 2.3): tau intra-cluster OTA gradient slots, each device
-    stepping with its own estimate of the cluster's mean gradient; gamma local steps; one inter-cluster OTA model
-    slot whose estimate is each device's model for the next round."""
-    return ([phase(AIR_GRADIENT_STEP, lr=cfg.train.lr, group=0)] * cfg.train.tau
-            + [phase(LOCAL_SGD, lr=cfg.train.lr, steps=cfg.train.gamma), phase(AIR_MODEL_SYNC, group=1),
-               phase(CLOUD_SYNC)])
-
-
-def hierfed_ota(cfg) -> list[pb.Phase]:
-    """HierFed on the air (paper 003's baseline, digest 10.12): tau x (gamma local steps + intra-cluster OTA model
-    aggregation), then gamma local steps + the inter-cluster step: tau + 1 slots, as MultiAirFed."""
-    local = phase(LOCAL_SGD, lr=cfg.train.lr, steps=cfg.train.gamma)
-    return ([local, phase(AIR_MODEL_SYNC, group=0)] * cfg.train.tau
-            + [local, phase(AIR_MODEL_SYNC, group=1), phase(CLOUD_SYNC)])
-
-
-def fedsgd(cfg) -> list[pb.Phase]:
-    """FedSGD (McMahan et al. 2017; paper 003's baseline, digest 10.12): tau + gamma global gradient steps, each the
-    mean over the active devices of all C clusters. A closing inter-cluster model slot gives the cloud a model
-    to evaluate (on orthogonal links every device already holds that model: the slot changes nothing)."""
-    return ([phase(AIR_GRADIENT_STEP, lr=cfg.train.lr, group=1)] * (cfg.train.tau + cfg.train.gamma)
-            + [phase(AIR_MODEL_SYNC, group=1), phase(CLOUD_SYNC)])
-
-
-ALGORITHMS.register("multiairfed", Algorithm("multiairfed", multiairfed, "devices", "devices",
-                                             "paper 003, Algorithm 1 (MultiAirFed)", mode="air"))
-ALGORITHMS.register("hierfed-ota", Algorithm("hierfed-ota", hierfed_ota, "devices", "devices",
-                                             "paper 003 baseline HierFed (model averaging at both levels)", mode="air"))
-ALGORITHMS.register("fedsgd", Algorithm("fedsgd", fedsgd, "devices", "devices",
-                                        "paper 003 baseline FedSGD (McMahan et al. 2017)", mode="air"))
-
-
 def build_plan(cfg) -> list[pb.Phase]:
     plan = ALGORITHMS.get(cfg.run.algorithm).plan(cfg)
     if not plan or plan[-1].kind != CLOUD_SYNC:

@@ -14,6 +14,8 @@ import re
 import sys
 from typing import Iterable
 
+from .config_error import ConfigError
+
 ENV = "HFL_PLUGINS"
 _loaded: dict[str, object] = {}
 
@@ -25,8 +27,6 @@ def env_plugins() -> list[str]:
 def load_plugins(names: Iterable[str] = ()) -> list[str]:
     """Import $HFL_PLUGINS and `names` (each once per process); a module that cannot be imported is a ConfigError
     naming it and the reason. Returns the modules loaded so far."""
-    from hfl.common.config import ConfigError
-
     names = [*env_plugins(), *names]
     if any(n not in _loaded for n in names) and os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())  # a plugin beside the experiment, also for the `hfl` script (not on its path)

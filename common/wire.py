@@ -156,7 +156,3 @@ def read_envelope_sync(chunks: Iterator[pb.Chunk]) -> tuple[pb.Envelope, int]:
     payload = b"".join(c.data for c in chunks)
     return parse_envelope(payload), len(payload)
 
-
-# The quantizing codecs (qsgd, sq, dpsq, laplace-sq) register themselves in CODECS; imported last because
-# they import WireError and CODECS from this module.
-from .quantization import codecs as _quantizing_codecs  # noqa: E402,F401

@@ -205,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hfl")
     add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
+    from hfl import families  # noqa: F401
+
     return args.func(args)
 
 

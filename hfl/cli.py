@@ -26,18 +26,14 @@ import signal
 import sys
 import time
 
+from hfl.cli_args import add_config_args
+
 STARTED = time.monotonic()  # `hfl run` reports the whole wall time from here, imports and config checks included
 
 def _setup_logging(role: str) -> None:
     logging.basicConfig(level=os.environ.get("HFL_LOG_LEVEL", "INFO"), stream=sys.stderr,
                         format=f"%(asctime)s {role} %(name)s %(levelname)s %(message)s")
     logging.getLogger("asyncio").setLevel(logging.WARNING)
-
-
-def _add_config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", nargs="?", help="TOML config file (default: built-in defaults)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override one config value (repeatable)")
 
 
 def _run_async(coro_factory) -> int:
@@ -216,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("run", help="run a whole experiment on this machine with live progress")
-    _add_config_args(p)
+    add_config_args(p)
     p.add_argument("--out", help="run directory (default: runs/NAME-TIMESTAMP)")
     p.add_argument("--quiet", action="store_true", help="no live progress, one line per round")
     p.add_argument("--certs", metavar="DIR", help="mutual TLS between all processes: CA in DIR (created if missing), "
@@ -240,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("cloud", help="start the cloud server (drives the run)")
-    _add_config_args(p)
+    add_config_args(p)
     p.add_argument("--listen", default="0.0.0.0:50051", help="address to serve edges on")
     p.add_argument("--run-dir", default="runs/cloud", help="where metrics, summary and plot go")
     p.add_argument("--port-file", help="write the bound port here once listening")
@@ -284,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_watch)
 
     p = sub.add_parser("config", help="print the resolved config (or --reference: every key)")
-    _add_config_args(p)
+    add_config_args(p)
     p.add_argument("--reference", action="store_true", help="print the table of every key, default and meaning")
     p.add_argument("--no-data-check", action="store_true",
                    help="skip the checks that load the dataset and build the model (data present, devices against "
@@ -336,6 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from hfl import families  # noqa: F401  (every role and command reads configs that name them)
     from hfl.common.config import ConfigError
 
     if args.command in ("cloud", "edge", "devices"):

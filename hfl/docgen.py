@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 import sys
 
+from hfl import families  # noqa: F401  (their sections, algorithms and stages are documented too)
+
 PRIVACY = {"": "none", "by_trust": "DP by trust: noise at a trusted edge, else on every device",
            "aggregator": "user-level DP, noise at the (trusted) edge", "sample": "sample-level DP-SGD on every device"}
 

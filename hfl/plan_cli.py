@@ -96,10 +96,10 @@ def cmd_plan(args) -> int:
 
 
 def add_parser(subparsers) -> None:
-    from hfl.cli import _add_config_args
+    from hfl.cli_args import add_config_args
 
     p = subparsers.add_parser("plan", help="paper 001's (tau, gamma) for the [latency] deadline, with its cost curve")
-    _add_config_args(p)
+    add_config_args(p)
     p.add_argument("--q1", type=float, help="uplink q1 to plan for (e.g. a run's measured q_uplink); default: the "
                                             "theoretical q1 of the uplink codec (QSGD bound for s1)")
     p.add_argument("--dim", type=int, help="model parameters d (default: build the config's model on its dataset)")

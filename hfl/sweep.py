@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hfl import claims as claims_mod
+from hfl import families  # noqa: F401  (a spec's configs name their sections and algorithms)
 from hfl.common import config as config_mod
 from hfl.common import metrics
 

@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
+from hfl import families  # noqa: F401  (the configs a testbed builds name their sections and algorithms)
 from hfl.common import config as config_mod
 from hfl.common import metrics
 from hfl.common import topology

@@ -2,6 +2,7 @@
 import pathlib
 import re
 
+from hfl import families  # noqa: F401
 from hfl.common import config
 
 readme = pathlib.Path(__file__).resolve().parents[1] / "README.md"

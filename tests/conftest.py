@@ -3,6 +3,8 @@ tests marked `fast` (one per round mode); `python -m pytest --full` (the README'
 test, real-process integration and Docker e2e included. Naming test files or a marker expression runs what is named."""
 import pytest
 
+from hfl import families  # noqa: F401  (the suite is an entry point: the built-in families, as `hfl` has them)
+
 
 def pytest_addoption(parser):
     parser.addoption("--full", action="store_true",

@@ -11,6 +11,12 @@ import numpy as np
 
 from .fading import rayleigh
 
+SLOTS_PER_ROUND = 1 << 16  # fading slot of (round, step): round * SLOTS_PER_ROUND + step + 1 (step -1: round start)
+
+
+def slot(round_: int, step: int) -> int:
+    return round_ * SLOTS_PER_ROUND + step + 1
+
 
 def dbm_to_watts(dbm) -> np.ndarray:
     return 10.0 ** ((np.asarray(dbm, dtype=np.float64) - 30.0) / 10.0)

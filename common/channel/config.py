@@ -1,4 +1,5 @@
-"""The [channel] and [clock] config sections of hfl.common.config.Config (loaded lazily, checked in validate_cross).
+"""The [channel] and [clock] config sections of the run configuration, registered here with
+their checks.
 
 Defaults: paper 003 Table I for the OTA plane (digest 003 sec. 8), paper 000 App. D for digital links
 (digest 000 sec. 3/8), paper 001 Table III / paper 003 for compute (digests 001 and 003 sec. 8).
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hfl.common.config import ConfigError, choice, doc
+from hfl.common.config import ConfigError, PipelineSection, choice, doc, register_section, register_validator
 
 
 @dataclass(frozen=True)
@@ -147,3 +148,27 @@ def validate_air_mode(config, algorithm, default_pipeline) -> None:
         plane_for(config)
     except ValueError as exc:
         raise ConfigError(f"channel.window_radius / channel.lambda_p: {exc}") from None
+
+
+def validate_sections(config) -> None:
+    validate_channel(config.channel, config.clock)
+
+
+def validate_mode(config) -> None:
+    """The algorithm's round mode against channel.model (common.modes), and the air mode's own rules."""
+    from hfl.common import plans
+    from hfl.common.modes import MODES
+
+    algorithm = plans.ALGORITHMS.get(config.run.algorithm)
+    mode = MODES.get(algorithm.mode)
+    if config.channel.model not in mode.channel_models:
+        raise ConfigError(f"channel.model = {config.channel.model!r}: {algorithm.name} runs in {mode.name} mode, which "
+                          f"needs channel.model = {' or '.join(mode.channel_models)}")
+    if mode.name == "air":
+        validate_air_mode(config, algorithm, PipelineSection())
+
+
+register_section("channel", ChannelSection, after="latency")
+register_section("clock", ClockSection, after="channel")
+register_validator(validate_sections)
+register_validator(validate_mode, after_plan=True)

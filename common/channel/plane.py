@@ -13,7 +13,6 @@ or 1 (the core sums the C clusters' received signals, digest 2.3 step 5).
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,7 +23,7 @@ from hfl.common.seeding import numpy_rng
 from . import ota
 from .geometry import Topology, matern_cluster
 from .power import normalise
-from .round_clock import slot as slot_id
+from .clock import slot as slot_id
 
 __all__ = ["Plane", "plane_for", "slot_id", "air_steps", "alive", "listeners", "activity", "passes_th0",
            "device_estimates", "normalise"]
@@ -55,10 +54,7 @@ class Plane:
 
 
 @functools.lru_cache(maxsize=8)
-def _plane(seed: int, channel_json: str, edges: int, per_edge: int) -> Plane:
-    from .config import ChannelSection
-
-    ch = ChannelSection(**json.loads(channel_json))
+def _plane(seed: int, ch, edges: int, per_edge: int) -> Plane:
     top = matern_cluster(ch.lambda_p_per_m2, per_edge, ch.r0, ch.R, ch.window_radius, edges,
                          numpy_rng(seed, "cloud", 0, 0, "channel", "topology"), interferer_devices=ch.interferer_devices)
     params = ch.ota_params()
@@ -71,11 +67,8 @@ def _plane(seed: int, channel_json: str, edges: int, per_edge: int) -> Plane:
 
 
 def plane_for(cfg) -> Plane:
-    """The run's plane (cached per config); the run's device `dev-k` is plane device k."""
-    import dataclasses
-
-    ch = dataclasses.asdict(cfg.channel)
-    return _plane(cfg.run.seed, json.dumps(ch, sort_keys=True), cfg.topology.edges, cfg.topology.devices_per_edge)
+    """The run's plane (cached per seed, [channel] section and topology); the run's device `dev-k` is plane device k."""
+    return _plane(cfg.run.seed, cfg.channel, cfg.topology.edges, cfg.topology.devices_per_edge)
 
 
 def air_steps(phases) -> list[int]:

@@ -26,8 +26,8 @@ from hfl.common import plans, topology
 from hfl.common.seeding import numpy_rng
 
 from . import clock
+from .clock import slot
 
-SLOTS_PER_ROUND = 1 << 16  # fading slot of (round, step): round * SLOTS_PER_ROUND + step + 1 (step -1: round start)
 
 # scalars an edge reports with its submit (registered in hfl.common.validate.SCALARS)
 CLUSTER_SECONDS, DEVICE_JOULES, EDGE_JOULES = "clock_seconds", "device_joules", "edge_joules"
@@ -103,10 +103,6 @@ def planned_samples(phases, prev_step: int, step: int, n: int, batch: int) -> in
         elif phase.kind in (plans.EDGE_GRADIENT_STEP, plans.AIR_GRADIENT_STEP):
             total += b
     return total
-
-
-def slot(round_: int, step: int) -> int:
-    return round_ * SLOTS_PER_ROUND + step + 1
 
 
 def link_gains(p: ClockParams, seed: int, slot_: int, tx, rx, distance) -> np.ndarray:

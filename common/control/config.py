@@ -1,10 +1,10 @@
 """The [control] config section: which controller re-plans each round at the cloud, and its knobs (paper 000's
-H2FDP(ctrl) weights; digest 000 sections 5 and 10). Loaded lazily, checked in validate_cross."""
+H2FDP(ctrl) weights; digest 000 sections 5 and 10). This module registers the section and its check."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hfl.common.config import ConfigError, choice, doc
+from hfl.common.config import ConfigError, choice, doc, register_section, register_validator
 
 
 @dataclass(frozen=True)
@@ -43,3 +43,7 @@ def validate_control(cfg) -> None:
                           "(train.tau / train.gamma local aggregations per round, kept fixed)")
     if c.s_max > cfg.topology.devices_per_edge:
         raise ConfigError(f"control.s_max = {c.s_max} exceeds topology.devices_per_edge = {cfg.topology.devices_per_edge}")
+
+
+register_section("control", ControlSection, after="precision")
+register_validator(validate_control)

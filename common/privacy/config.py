@@ -9,7 +9,7 @@
     delta = 1e-5
     calibration = "sound"                # paper | sound | noise_multiplier
 
-The integrator adds `privacy: PrivacySection` to hfl.common.config.Config; nothing here edits that module.
+This module registers the section (`config.privacy`) and `validate_config`, the checks across sections.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from hfl.common.config import ConfigError, choice, doc
+from hfl.common.config import ConfigError, choice, doc, register_section, register_validator
 
 from .trust import LEVELS, TRUSTED, resolve_trust, trusted_count
 
@@ -218,3 +218,59 @@ def validate_privacy(section: PrivacySection, edge_ids: Sequence[str], algorithm
             _fail("trust", f"user-level DP needs a trusted aggregator: DP-FedAvg adds noise only at the edge, and "
                            f"untrusted edges ({names}) would see raw updates (paper 002, P12); mark them trusted "
                            f"or use placement = \"by_trust\" (H2FDP / HFL-DP)")
+
+
+def validate_config(config) -> None:
+    """[privacy] against the algorithm, the topology and the pipeline (each failure names its key)."""
+    from hfl.common import plans, topology
+
+    algorithm = plans.ALGORITHMS.get(config.run.algorithm)
+    if config.privacy.enabled and not algorithm.privacy:
+        private = [n for n in plans.ALGORITHMS if plans.ALGORITHMS.get(n).privacy]
+        raise ConfigError(f"privacy.enabled: {algorithm.name} adds no DP noise; use one of {', '.join(private)}")
+    section = config.privacy
+    if algorithm.trust and (section.trusted_fraction != -1.0 or section.trust_table):
+        key = "privacy.trust_table" if section.trust_table else f"privacy.trusted_fraction = {section.trusted_fraction}"
+        raise ConfigError(f"{key}: {algorithm.name} fixes every edge's trust to {algorithm.trust}; unset it "
+                          "(trusted_fraction = -1.0) or use h2fdp, whose trust the policy decides")
+    if section.level == "sample" and algorithm.privacy != "sample":
+        sample = [n for n in plans.ALGORITHMS if plans.ALGORITHMS.get(n).privacy == "sample"]
+        raise ConfigError(f"privacy.level = sample: {algorithm.name} is not sample-level DP; use one of "
+                          f"{', '.join(sample)}")
+    if algorithm.noise and section.mechanism not in ("gaussian", algorithm.noise):
+        raise ConfigError(f"privacy.mechanism = {section.mechanism}: {algorithm.name} uses {algorithm.noise} noise")
+    validate_privacy(effective(section, algorithm), topology.edge_ids(config), config.run.algorithm)
+    from .stages import NOISE_STAGES
+
+    for slot in ("device_noise", "edge_noise"):
+        if getattr(config.pipeline, slot) in NOISE_STAGES:
+            raise ConfigError(f"pipeline.{slot} = {getattr(config.pipeline, slot)}: noise in a pipeline slot is not "
+                              "recorded as a DP event, so no epsilon would cover it; use a private algorithm (h2fdp, "
+                              "hfl-dp, dp-fedavg, dp-sgd, ...) and [privacy], which place, calibrate and charge the noise")
+    may_trust = algorithm.privacy == "aggregator" or (algorithm.privacy == "by_trust" and algorithm.trust != "untrusted")
+    if may_trust and config.pipeline.aggregate != "weighted_mean":
+        raise ConfigError(f"pipeline.aggregate = {config.pipeline.aggregate}: a trusted edge's DP noise is calibrated "
+                          "to the sensitivity of a weighted mean; a robust rule's sensitivity is not bounded that way "
+                          "(a median or trimmed mean moves by up to the whole clip); use weighted_mean with "
+                          f"{algorithm.name}")
+    if section.layer_clips:
+        _check_layer_clips(config)
+
+
+def _check_layer_clips(config) -> None:
+    """privacy.layer_clips needs one bound per parameter tensor of the model (torch is imported only here)."""
+    from hfl.common.models import build
+
+    channels = 3 if config.data.dataset.startswith("cifar") else (
+        config.data.synthetic_shape[0] if config.data.dataset == "synthetic" else 1)
+    side = 32 if channels == 3 else 28
+    shape = tuple(config.data.synthetic_shape) if config.data.dataset == "synthetic" else (channels, side, side)
+    names = [n for n, _ in build(config.model.name, shape, 10).named_parameters()]
+    if len(config.privacy.layer_clips) != len(names):
+        raise ConfigError(f"privacy.layer_clips has {len(config.privacy.layer_clips)} values; model "
+                          f"{config.model.name} has {len(names)} parameter tensors ({', '.join(names)}): give one "
+                          "bound per tensor, in that order")
+
+
+register_section("privacy", PrivacySection, after="net")
+register_validator(validate_config)

@@ -71,4 +71,4 @@ def resolve_clip(cfg, model: torch.nn.Module, data):
     layout = WaveletLayout([q.numel() for q in model.parameters()], p.wavelet_scope) \
         if p.mechanism == "wavelet" else None
     norms = example_gradient_norms(model, x, y, layout, wavelet_calibration(p))
-    return dataclasses.replace(cfg, privacy=dataclasses.replace(cfg.privacy, clip=median_clip(norms)))
+    return cfg.replace(privacy=dataclasses.replace(cfg.privacy, clip=median_clip(norms)))

@@ -1,6 +1,6 @@
 """The [precision] config section: paper 004's groups of devices with their own bit widths, DP levels and link
-noise, the per-round cluster sizes and bit budget, and the cloud's fusion rule (loaded lazily, checked in
-validate_cross).
+noise, the per-round cluster sizes and bit budget, and the cloud's fusion rule. This module registers the
+section and the checks of [latency] and [precision].
 
     [precision]
     group_sizes = [50, 50]        # devices in each group, in device order (device-0000.. first)
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hfl.common.config import ConfigError, choice, doc
+from hfl.common.config import ConfigError, choice, doc, register_section, register_validator
 
 from .fusion import DISTORTION_ESTIMATES
 
@@ -114,3 +114,14 @@ def validate_precision(cfg) -> None:
         except ValueError as exc:
             key = "bit_budget" if p.bit_budget else "participants"
             _fail(key, f"= {getattr(p, key)}: {exc}")
+
+
+def validate_latency(cfg) -> None:
+    from . import schedule
+
+    schedule.validate(cfg)
+
+
+register_section("precision", PrecisionSection, after="clock")
+register_validator(validate_latency)
+register_validator(validate_precision)

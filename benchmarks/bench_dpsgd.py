@@ -143,6 +143,16 @@ def opacus_clipped_sum(model, x, y, clip: float, mode: str = "hooks") -> torch.T
     return torch.cat([p.summed_grad.reshape(-1) for p in module.parameters()])
 
 
+def opacus_step(model, x, y, clip: float, lr: float) -> torch.Tensor:
+    """One full DP step of Opacus' PrivacyEngine (hooks, noise multiplier 0) on the batch (x, y) from `model`'s
+    weights: the new flat weights, w - lr * (sum of clipped per-example gradients) / len(y)."""
+    module, opt, _ = _opacus_private(model, len(y), clip, 0.0, lr, "hooks")
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(module(x), y).backward()
+    opt.step()
+    return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+
+
 def bench_opacus(name: str, batch: int, steps: int, repeats: int, cpu: bool = True) -> tuple[dict, dict, dict]:
     """A full DP-SGD step (per-example gradients, clipping, noise, update) of the project and of Opacus'
     PrivacyEngine (hooks and, for Linear-only models, ghost clipping) on the same model, batch, clip and sigma, taking

@@ -1,4 +1,20 @@
-"""Benchmark (not a test). Run: python benchmarks/bench_medium.py [--repeats N] [--d D] [--testbed ROUNDS]
+"""Benchmark (not a test). Run: python benchmarks/bench_medium.py [--repeats N] [--d D] [--testbed ROUNDS] [--paper003]
+
+--paper003: the medium at paper 003's scale (deploy/configs/scale-ota-fmnist.toml: 3 collaborating clusters x
+M = 15 devices, the plane's interferer clusters, ota-cnn, d = 225,034, tau 6, gamma 2, batch 60), in one process:
+one round of the medium's pure computation (channel.medium.air_slot for the round's tau + 1 air slots, every
+device listening), the devices' own over-the-air work (normalise before sending, device_estimates on what they
+receive) and one round of the devices' local training (45 devices x (tau + gamma) SGD steps of batch 60), taking
+turns in every repeat; CPU time of this process (torch and BLAS on one thread), medians over the repeats. The
+share of a round is medium / (medium + training / 2): the training splits over the 2 cores (per-core hosts) while
+every device waits on the medium's slot barrier. To time the code of another commit, point PYTHONPATH at it.
+
+Measured 2026-11-25 (2 shared cores, load average 11-12), before (9b69f17) and after issue 25's medium work, one
+run each in turn, `PYTHONPATH=<tree> python benchmarks/bench_medium.py --paper003 --repeats 1`:
+    medium a round   6.60 s -> 2.74 s (0.94 -> 0.39 s a slot)    devices' air work   1.47 s -> 0.39 s
+    training a round 15.8 s (both)    medium / training 0.42 -> 0.17    share of a round 45.5% -> 25.8%
+Where a slot goes now (CPU, micro-timed): 2 x 45 x d normals ~0.08 s, the [90, 96] x [96, d] product ~0.05 s, the
+own part and the measured power ~0.06 s, the uplink ~0.05 s. Target < 10%: not met.
 
 --testbed: a real run (multiairfed over the air, 6 edges x 10 devices, mnist-cnn: d = 28,938, the plane's
 interferer clusters, one host process per core): the medium's compute time per slot and its share of the
@@ -73,12 +89,92 @@ def testbed(rounds: int) -> dict:
             "medium_share_of_round_median": statistics.median(share), "medium_share_max": max(share)}
 
 
+def paper003(repeats: int) -> dict:
+    import torch
+
+    from hfl.common import config, plans
+    from hfl.common.channel import medium
+    from hfl.common.channel import plane as air
+    from hfl.common.models import build, get_flat, init_parameters
+    from hfl.common.seeding import numpy_rng
+    from hfl.device_client.training import local_sgd, make_shard
+
+    torch.set_num_threads(1)
+    cfg = config.load("deploy/configs/scale-ota-fmnist.toml")
+    pl = air.plane_for(cfg)
+    phases = plans.multiairfed(cfg)
+    steps = air.air_steps(phases)
+    collab = pl.collaborating()
+    model = build(cfg.model.name, (1, 28, 28), 10)
+    init_parameters(model, torch.Generator().manual_seed(0))
+    w = get_flat(model)
+    d = w.size
+    rng = np.random.default_rng(0)
+    payload = (w[None, :] + 0.01 * rng.standard_normal((collab.size, d), dtype=np.float32)).astype(np.float32)
+    x = rng.integers(0, 256, size=(cfg.train.batch_size * 10, 1, 28, 28), dtype=np.uint8)
+    shard = make_shard(x, rng.integers(0, 10, size=x.shape[0]), [0.5], [0.25])
+    gen = torch.Generator().manual_seed(1)
+    prepared = {}
+
+    def devices_send(step):
+        active = air.activity(pl, phases, 0, step)
+        tx = np.flatnonzero(active[collab])
+        bar, mu, sigma = air.normalise(payload[tx])
+        return collab[tx], bar.astype(np.float32), mu, sigma
+
+    for step in steps:
+        prepared[step] = devices_send(step)
+
+    def medium_round():
+        for step in steps:
+            tx, bar, mu, sigma = prepared[step]
+            group = phases[step].params.get("group", 0.0) == 1.0
+            prepared[step, "out"] = medium.air_slot(pl, 0, step, group, bar, tx, mu, sigma, collab,
+                                                    air.alive(pl, phases, 0, step),
+                                                    numpy_rng(cfg.run.seed, "cloud", 0, 0, step, "medium"))
+
+    def devices_air():
+        for step in steps:
+            devices_send(step)
+            res = prepared[step, "out"]
+            group = phases[step].params.get("group", 0.0) == 1.0
+            for i, dev in enumerate(res.listeners):  # each device estimates from its own row (device_client/modes.py)
+                air.device_estimates(pl, res.rows[i:i + 1], [dev], 0, step, res.n_active[i], res.E[i],
+                                     res.sigma_sum[i], res.mu_mean[i], pl.C if group else 1, pl.psi,
+                                     phases[step].kind == plans.AIR_GRADIENT_STEP)
+
+    def training():
+        for _ in collab:
+            local_sgd(model, w, shard, cfg.train.lr, cfg.train.batch_size, gen, steps=cfg.train.tau + cfg.train.gamma)
+
+    fns = {"medium": medium_round, "devices_air": devices_air, "training": training}
+    medium_round()  # warm-up (and the rows devices_air reads)
+    times = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            t = time.process_time()
+            fn()
+            times[k].append(time.process_time() - t)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    share = [m / (m + t / 2) for m, t in zip(times["medium"], times["training"])]
+    return {"d": d, "devices": int(collab.size), "plane_devices": pl.topology.n_devices,
+            "plane_edges": pl.topology.n_edges, "air_slots_per_round": len(steps),
+            "medium_cpu_s_per_round": med["medium"], "medium_cpu_s_per_slot": med["medium"] / len(steps),
+            "devices_air_cpu_s_per_round": med["devices_air"], "training_cpu_s_per_round": med["training"],
+            "medium_over_training": statistics.median(m / t for m, t in zip(times["medium"], times["training"])),
+            "medium_share_of_round": statistics.median(share), "repeats": repeats}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--d", type=int, default=30_000)
     ap.add_argument("--testbed", type=int, default=0, metavar="ROUNDS", help="measure a real run of ROUNDS rounds")
+    ap.add_argument("--paper003", action="store_true", help="the medium at paper 003's scale against a round's training")
     args = ap.parse_args()
+    if args.paper003:
+        print(json.dumps(paper003(args.repeats)))
+        return
     if args.testbed:
         print(json.dumps(testbed(args.testbed)))
         return

@@ -24,7 +24,7 @@ from hfl.common import metrics, modes, plans, robust, rpc, session, topology, va
 from hfl.common.observe import live, members as member_states
 from hfl.common.channel.round_clock import BACKHAUL_BYTES, CloudClock
 from hfl.common.privacy import on_wire
-from hfl.common.rundir import check_run_dir, write_data_report
+from hfl.common.rundir import check_run_dir, plot_data_report, write_data_report
 from hfl.common.data import load_dataset
 from hfl.common.models import build, get_flat, init_parameters, num_parameters
 from hfl.common.partition import data_report, partition
@@ -107,8 +107,9 @@ class CloudServer(Gate, pbg.CloudServiceServicer):
         self.dim = num_parameters(self.model)
         parts = partition(data.y_train, self.cfg.num_devices, numpy_rng(self.cfg.run.seed, "data", "partition"), self.cfg.data,
                           edges=self.cfg.topology.edges)
-        write_data_report(self.run_dir, data_report(data.y_train, parts, self.cfg.topology.edges, data.num_classes),
-                          f"{data.name}, partition {self.cfg.data.partition}")
+        self.data_report = (data_report(data.y_train, parts, self.cfg.topology.edges, data.num_classes),
+                            f"{data.name}, partition {self.cfg.data.partition}")
+        write_data_report(self.run_dir, self.data_report[0])
         self.device_samples = [len(p) for p in parts]  # the claim each device's registration is checked against
         self.cluster_samples = {e: sum(self.device_samples[topology.device_index(d)]
                                        for d in topology.edge_members(self.cfg, topology.edge_index(e))) for e in self.edges}
@@ -513,6 +514,7 @@ class CloudServer(Gate, pbg.CloudServiceServicer):
         title = f"{self.cfg.run.algorithm} on {self.cfg.data.dataset} ({self.cfg.num_devices} devices, {len(self.edges)} edges)"
         try:
             metrics.plot_accuracy(rows, self.run_dir / "accuracy.png", title)
+            plot_data_report(self.run_dir, *self.data_report)
             self.mode.plots(rows, title)
         except Exception:  # a plot must never cost the results
             log.exception("could not draw the accuracy plot")

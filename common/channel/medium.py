@@ -4,7 +4,8 @@ emissions (paper 003, digest 2.3 steps 2.3-2.8 and 4-7).
 OTA: the uplink superposes every transmitter of the plane at every collaborating edge (ota.medium_slot,
 interferer clusters simulated), each edge re-broadcasts its received signal normalised by E = rho |A_x| + Psi
 (group = 0) or every edge of the group broadcasts the core's sum normalised by E = rho |A| + C Psi
-(group = 1), and every listed device receives the superposition of all edges (ota.medium_broadcast).
+(group = 1), and every listed device receives the superposition of all edges (ota.broadcast_rows, the float32 form of
+ota.medium_broadcast).
 Orthogonal: every device receives the exact mean of its cluster's (group = 0) or the group's (group = 1)
 active payloads, de-normalised.
 """
@@ -106,10 +107,8 @@ def air_slot(plane: Plane, round_: int, step: int, group: bool, payloads: np.nda
         E_edges = ota.edge_power(plane.rho, np.maximum(rec.n_active, 1), psi)
         signals = ota.edge_transmit(rec.received, plane.params.P_d, E_edges)
         E_listen = E_edges[cluster_of_listener]
-    down = ota.medium_broadcast(signals, np.arange(C), listen, top, slot, plane.seed, plane.params, rng)
-    rows = np.empty((listen.size, 2, d), dtype=np.float32)
-    rows[:, 0, :] = down.received.real
-    rows[:, 1, :] = down.received.imag
+    down = ota.broadcast_rows(signals, np.arange(C), listen, top, slot, plane.seed, plane.params, rng)
+    rows = down.received
     stats.update(received_power=float(rec.signal_power.mean()), interference_power=float(rec.interference_power.mean()),
                  interferers_active=rec.interferers_active, missing_transmitters=int(rec.missing.size),
                  downlink_interference_power=float(down.interference_power.mean()) if listen.size else 0.0)

@@ -128,7 +128,6 @@ def device_estimates(plane: Plane, rows: np.ndarray, devices, round_: int, step:
     if plane.exact:
         return np.asarray(rows, dtype=np.float32)
     rows = np.asarray(rows)
-    v_d = rows[:, 0, :].astype(np.float64) + 1j * rows[:, 1, :].astype(np.float64)
     top, p = plane.topology, plane.params
     f_o = ota.own_downlink_fading(top, slot_id(round_, step), plane.seed, devices, p)
     dist = np.linalg.norm(top.offsets[devices], axis=1)
@@ -137,4 +136,4 @@ def device_estimates(plane: Plane, rows: np.ndarray, devices, round_: int, step:
         theta = np.asarray(sigma_sum, dtype=np.float64) / np.asarray(n_active, dtype=np.float64)
     else:
         theta = ota.receive_factor(sigma_sum, n_active, plane.beta, G0, psi / plane.rho, groups)
-    return ota.estimate(v_d, theta, plane.rho, p.P_d, E, n_active, f_o, dist, p.alpha, mu_mean).astype(np.float32)
+    return ota.estimate_rows(rows, theta, plane.rho, p.P_d, E, n_active, f_o, dist, p.alpha, mu_mean)

@@ -30,15 +30,22 @@ def inversion_rho(P_u: float, th1: float, alpha: float, r0: float, R: float) -> 
 def normalise(payloads: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Row-wise s_bar = (s - mu) / sigma over all d entries (paper 003, eqs. 12-13).
 
-    Returns (s_bar [n, d] float64, mu [n], sigma [n]); sigma is the population standard deviation,
-    floored at SIGMA_FLOOR so a constant vector does not divide by zero.
+    Returns (s_bar [n, d], mu [n], sigma [n]); s_bar is float32 for float32 payloads (what a device sends; mu
+    and sigma accumulate in float64), float64 otherwise. sigma is the population standard deviation, floored at
+    SIGMA_FLOOR so a constant vector does not divide by zero.
     """
-    s = np.atleast_2d(np.asarray(payloads, dtype=np.float64))
+    s = np.atleast_2d(np.asarray(payloads))
+    if s.dtype != np.float32:
+        s = s.astype(np.float64)
     if s.shape[1] == 0:
         raise ValueError("payloads must have at least one entry per row")
-    mu = s.mean(axis=1)
-    sigma = np.maximum(s.std(axis=1), SIGMA_FLOOR)
-    return (s - mu[:, None]) / sigma[:, None], mu, sigma
+    mu = s.mean(axis=1, dtype=np.float64)
+    hi = mu.astype(s.dtype)
+    bar = s - hi[:, None]  # exact for entries near mu (Sterbenz); mu's float32 rounding taken off next
+    bar -= (mu - hi).astype(s.dtype)[:, None]
+    sigma = np.maximum(np.sqrt(np.einsum("ij,ij->i", bar, bar, dtype=np.float64) / s.shape[1]), SIGMA_FLOOR)
+    bar /= sigma.astype(s.dtype)[:, None]
+    return bar, mu, sigma
 
 
 def denormalise(s_bar: np.ndarray, mu: np.ndarray, sigma: np.ndarray) -> np.ndarray:

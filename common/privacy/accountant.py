@@ -11,9 +11,6 @@ import functools
 from collections import Counter, defaultdict
 from typing import Iterable, Mapping, Sequence
 
-import dp_accounting
-from dp_accounting import pld, rdp
-
 from .events import DpRecord, accounting_event
 
 ACCOUNTANTS = ("rdp", "pld")
@@ -22,6 +19,11 @@ ACCOUNTANTS = ("rdp", "pld")
 def make_accountant(kind: str = "rdp", replace_one: bool = False) -> dp_accounting.PrivacyAccountant:
     """replace_one: the neighbouring relation of sampling without replacement (fixed-size lots); dp_accounting's
     RDP accountant composes those events only under it, and its PLD accountant not at all."""
+    # imported here: the cloud imports this module at launch (ledger), dp_accounting (with scipy.stats) costs a
+    # third of its imports, and a run without privacy never accounts
+    import dp_accounting
+    from dp_accounting import pld, rdp
+
     if kind == "rdp":
         return rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE) if replace_one \
             else rdp.RdpAccountant()

@@ -7,7 +7,12 @@ Grid conventions follow paper 004 Sec. 3: a coordinate a lies in cell [q_i, q_{i
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import expit
+
+
+def expit(epsilon1) -> np.ndarray:
+    """1 / (1 + e^-eps1) for eps1 >= 0 (checked by every caller): finite up to inf, without scipy.special, whose
+    import costs a second of the cloud's launch (the cloud imports this module through quantization.schedule)."""
+    return 1.0 / (1.0 + np.exp(-np.asarray(epsilon1, float)))
 
 
 def _check_eps(epsilon1) -> None:

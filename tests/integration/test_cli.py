@@ -31,7 +31,7 @@ def test_hfl_run_writes_the_run_directory(tmp_path):
     result = hfl("run", *sets, "--out", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "final accuracy" in result.stderr
-    for name in ("config.toml", "metrics.jsonl", "summary.json", "accuracy.png", "logs/cloud.log"):
+    for name in ("config.toml", "metrics.jsonl", "summary.json", "accuracy.png", "data.json", "data.png", "logs/cloud.log"):
         assert (out / name).exists(), name
     assert leftovers(str(out)) == []
     summary = json.loads((out / "summary.json").read_text())

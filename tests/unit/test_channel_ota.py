@@ -244,3 +244,51 @@ def test_folded_interference_and_noise_have_the_joint_law_of_separate_draws():
     np.testing.assert_allclose(corr(got), corr(want), atol=0.05)
     _, folded = ota.interference_and_noise(gains, 10, np.random.default_rng(4), "explicit", 4096, noise)
     assert not folded  # explicit mode draws every payload, and the noise apart
+
+
+@pytest.mark.parametrize("params", [OtaParams(), OtaParams(interferers="explicit", chunk=7),
+                                    OtaParams(interferers="independent"), OtaParams(noise=False),
+                                    OtaParams(interference=False), QUIET, OtaParams(fading="real")],
+                         ids=["aggregate", "explicit", "independent", "no-noise", "no-interference", "quiet", "real"])
+def test_broadcast_rows_equal_the_reference_broadcast(params):
+    # the fast downlink (float32, interference and noise in the signals' product, own part added last) against
+    # medium_broadcast (complex128) on fixed inputs: same rows to float32 round-off, same powers, same draws
+    top = _topology()
+    d = 3001
+    rng = np.random.default_rng(8)
+    signals = rng.normal(size=(top.collaborating, d)) + 1j * rng.normal(size=(top.collaborating, d))
+    tx = np.arange(top.collaborating)
+    devices = np.concatenate([top.collaborating_devices, [top.n_devices - 1]])  # one listener of an interferer edge
+    ref = ota.medium_broadcast(signals, tx, devices, top, SLOT, SEED, params, np.random.default_rng(9))
+    fast = ota.broadcast_rows(signals, tx, devices, top, SLOT, SEED, params, np.random.default_rng(9))
+    assert fast.received.shape == (devices.size, 2, d) and fast.received.dtype == np.float32
+    want = np.stack([ref.received.real, ref.received.imag], axis=1)
+    scale = np.abs(want).max(axis=(1, 2), keepdims=True)
+    assert np.abs(fast.received - want).max(axis=(1, 2)).max() > 0 or params == QUIET  # float32, not a copy
+    assert np.all(np.abs(fast.received - want) <= 1e-5 * scale)
+    assert np.allclose(fast.signal_power, ref.signal_power, rtol=1e-9, atol=0)
+    assert np.allclose(fast.interference_power, ref.interference_power, rtol=1e-4,
+                       atol=1e-6 * ref.signal_power.max())
+    assert fast.interferers_active == ref.interferers_active
+    assert np.array_equal(fast.receivers, ref.receivers)
+    control = ota.broadcast_rows(signals, tx, devices, top, SLOT, SEED, params, np.random.default_rng(10))
+    if params.interference:  # another draw changes the rows: the draws are compared, not skipped
+        assert np.abs(control.received - want).max() > 1e-3 * np.abs(want).max()
+    elif params.noise:  # the noise (variance 4e-15) is all that another draw changes
+        assert np.abs(control.received - fast.received).max() > 2 * np.sqrt(params.sigma_dn2)
+
+
+def test_estimate_rows_equal_the_complex_estimate():
+    # the devices' float32 estimate from [n, 2, d] rows against eq. 21/30 on complex vectors (ota.estimate)
+    rng = np.random.default_rng(11)
+    n, d = 5, 2000
+    v = rng.normal(size=(n, d)) + 1j * rng.normal(size=(n, d))
+    rows = np.stack([v.real, v.imag], axis=1).astype(np.float32)
+    args = (rng.uniform(0.1, 2, n), 0.7, 1.0, rng.uniform(1, 5, n), rng.integers(1, 15, n).astype(float),
+            rng.normal(size=n) + 1j * rng.normal(size=n), rng.uniform(1, 30, n), 4.0, rng.normal(size=n))
+    want = ota.estimate(rows[:, 0].astype(np.float64) + 1j * rows[:, 1].astype(np.float64), *args)
+    got = ota.estimate_rows(rows, *args)
+    assert got.dtype == np.float32 and got.shape == (n, d)
+    assert np.allclose(got, want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
+    one = ota.estimate_rows(rows[:1], *(a[:1] if np.ndim(a) else a for a in args))  # one device, as each computes
+    assert np.allclose(one[0], want[0], rtol=1e-5, atol=1e-6 * np.abs(want).max())

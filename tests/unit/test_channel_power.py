@@ -83,3 +83,14 @@ def test_dropped_devices_are_never_active_nor_the_fallback():
     cluster = np.array([0, 0, 0, 1, 1])
     alive = np.array([True, False, True, False, False])  # device 1 has the best channel but dropped out
     assert active_mask(f, cluster, 0.5, alive).tolist() == [False, False, True, False, False]
+
+
+def test_normalise_float32_equals_float64():
+    # devices normalise float32 payloads without a float64 copy: same s_bar to float32 round-off, same mu, sigma
+    x = (np.random.default_rng(3).normal(size=(4, 5000)) * [[1.0], [1e-3], [50.0], [2.0]] + 3.0).astype(np.float32)
+    bar32, mu32, sigma32 = normalise(x)
+    bar64, mu64, sigma64 = normalise(x.astype(np.float64))
+    assert bar32.dtype == np.float32 and bar64.dtype == np.float64
+    assert np.allclose(bar32, bar64, rtol=0, atol=1e-5)
+    assert np.allclose(mu32, mu64, rtol=1e-7) and np.allclose(sigma32, sigma64, rtol=1e-6)
+    assert np.allclose(np.mean(bar64, axis=1), 0, atol=1e-9) and np.allclose(np.std(bar64, axis=1), 1)

@@ -7,7 +7,7 @@ import pytest
 
 from hfl.common import config as c
 from hfl.common.partition import PARTITIONERS, data_report, partition, power_law_counts
-from hfl.common.rundir import write_data_report
+from hfl.common.rundir import plot_data_report, write_data_report
 
 LABELS = np.repeat(np.arange(10), 300)
 
@@ -144,6 +144,8 @@ def test_data_report_and_files(tmp_path):
     assert [d["edge"] for d in report["devices"]] == [0, 0, 0, 1, 1, 1]
     assert sum(e["samples"] for e in report["edges"]) == 3000
     assert np.array_equal(np.sum([e["labels"] for e in report["edges"]], axis=0), np.bincount(LABELS))
-    write_data_report(tmp_path, report, "test")
+    write_data_report(tmp_path, report)
     assert json.loads((tmp_path / "data.json").read_text()) == report
+    assert not (tmp_path / "data.png").exists()  # drawn at the end of the run, not at launch
+    plot_data_report(tmp_path, report, "test")
     assert (tmp_path / "data.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

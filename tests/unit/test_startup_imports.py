@@ -1,0 +1,44 @@
+"""Start-up cost (issue 25): what a node's process imports before it listens. Every edge of a run is its own
+process, so a heavy library on the edge's import path is paid once per edge at every launch."""
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = ("torch", "scipy", "matplotlib")
+
+
+def _loaded(module: str) -> set[str]:
+    code = f"import sys, {module}; print(' '.join(sorted({{m.split('.')[0] for m in sys.modules}})))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    return set(out.stdout.split())
+
+
+@pytest.mark.parametrize("module,allowed", [("hfl.edge_server.service", ()),
+                                            ("hfl.cloud_server.service", ("torch",)),
+                                            ("hfl.device_client.host", ("torch",))])
+def test_a_node_imports_no_heavy_library_it_does_not_use_at_launch(module, allowed):
+    loaded = _loaded(module)
+    assert "hfl" in loaded and "grpc" in loaded  # the probe saw the node's imports
+    assert {h for h in HEAVY if h in loaded} == set(allowed)
+
+
+def test_nearest_probability_is_expit_bit_for_bit():
+    import numpy as np
+    from scipy.special import expit
+
+    from hfl.common.quantization.dpsq import nearest_probability
+
+    eps = np.concatenate([np.linspace(0, 60, 20001), [1e-300, 1e-9, 709.0, 1e308, np.inf]])
+    assert np.array_equal([nearest_probability(e) for e in eps], expit(eps))
+
+
+def test_theory_expit_equals_scipy_expit():
+    import numpy as np
+    from scipy.special import expit
+
+    from hfl.common.quantization import theory
+
+    eps = np.concatenate([np.linspace(0, 60, 20001), [1e-300, 1e-9, 709.0, 1e308, np.inf]])
+    assert np.allclose(theory.expit(eps), expit(eps), rtol=4e-16, atol=0)
+    assert theory.expit(np.inf) == 1.0 and theory.expit(0.0) == 0.5

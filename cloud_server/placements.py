@@ -15,7 +15,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from hfl.common.privacy import calibration
+from hfl.common.privacy import calibration, instructions
 from hfl.common.privacy import config as privacy_config
 from hfl.common.privacy.trust import TRUSTED
 from hfl.common.registry import Registry
@@ -44,10 +44,8 @@ class Placement:
     def calibrate(self, edge: str, common: dict) -> dict[str, calibration.NoiseSetting]:
         raise NotImplementedError
 
-    def cluster_plan(self, edge: str, participants: Sequence[str], params: dict, train, round_cfg
-                     ) -> tuple[pb.ClusterPlan, bool]:
-        """The edge's plan given the shared params (trust, noise shape); True when the plan's noise params are the
-        ones the edge's DP events are checked against."""
+    def cluster_plan(self, edge: str, participants: Sequence[str], train, round_cfg) -> tuple[pb.ClusterPlan, bool]:
+        """The edge's plan with its noise instructions; True when the cluster's DP events are checked against them."""
         raise NotImplementedError
 
     def planned_records(self, r: int, participants: Mapping[str, Sequence[str]]) -> list:
@@ -59,10 +57,12 @@ class Placement:
     def _listed(self, edge: str, participants: Sequence[str]) -> Sequence[str]:
         return participants if len(participants) < len(self.policy.members[edge]) else ()
 
-    def _stream_params(self, edge: str, params: dict, sensitivity) -> None:
-        for stream, setting in self.policy.settings[edge].items():
-            params[f"noise_z_{stream}"] = setting.std / setting.sensitivity  # what scales the noise
-            params[f"noise_sens_{stream}"] = sensitivity(setting)
+    def _instruction(self, setting: calibration.NoiseSetting, sensitivity: float, clip: float = 0.0,
+                     clip_at: Sequence[str] = ()) -> pb.NoiseInstruction:
+        pol = self.policy
+        # the multiplier that scales the noise (for the paper's wavelet clip the setting records z / max_c W_c)
+        return instructions.build(setting.tier, setting.stream, pol.shape, setting.std / setting.sensitivity,
+                                  sensitivity, clip, clip_at, pol.wavelet)
 
 
 @PLACEMENTS.register("by_trust")
@@ -82,15 +82,21 @@ class ByTrust(Placement):
                                            c2=p.c2, v2=None if p.v2 == -1.0 else p.v2,
                                            window=privacy_config.sensitivity_window(p, t), **common)
 
-    def cluster_plan(self, edge, participants, params, train, round_cfg):
+    def cluster_plan(self, edge, participants, train, round_cfg):
         pol = self.policy
         trusted = pol.levels[edge] == TRUSTED
-        self._stream_params(edge, params, lambda s: s.sensitivity if round_cfg is None else calibration.h2fdp_sensitivity(
-            train.lr, privacy_config.sensitivity_window(pol.p, train), pol.p.clip,
-            max(1, len(participants)) if trusted else 1))
-        # an honest upload sums m clipped minibatch steps: ||d_i|| <= eta m G, enforced by a trusted edge
-        params["delta_clip"] = train.lr * train.gamma * pol.p.clip
-        return pb.ClusterPlan(params=params, participants=list(self._listed(edge, participants))), True
+
+        def sensitivity(s):
+            return s.sensitivity if round_cfg is None else calibration.h2fdp_sensitivity(
+                train.lr, privacy_config.sensitivity_window(pol.p, train), pol.p.clip,
+                max(1, len(participants)) if trusted else 1)
+
+        # an honest upload sums m clipped minibatch steps: ||d_i|| <= eta m G, enforced by a trusted edge (the
+        # edge-tier releases); behind an untrusted edge the device's own gradient clip bounds it
+        bound = train.lr * train.gamma * pol.p.clip
+        noise = [self._instruction(s, sensitivity(s), bound, ("edge",) if s.tier == "edge" else ())
+                 for s in pol.settings[edge].values()]
+        return pb.ClusterPlan(participants=list(self._listed(edge, participants)), noise=noise), True
 
     def planned_records(self, r, participants):
         pol = self.policy
@@ -116,13 +122,14 @@ class Aggregator(Placement):
                                                   sizes=pol.sizes(edge), **common)
         return {"global": pol.wavelet_claim(setting)}
 
-    def cluster_plan(self, edge, participants, params, train, round_cfg):
+    def cluster_plan(self, edge, participants, train, round_cfg):
         pol = self.policy
-        self._stream_params(edge, params, lambda s: s.sensitivity)
-        params.update(delta_clip=pol.p.clip, client_rate=pol.p.client_rate,
-                      fixed_denominator=pol.p.client_rate * sum(pol.sizes(edge)))
-        # the trusted edge draws its clients itself (Poisson, rate q_c)
-        return pb.ClusterPlan(params=params), True
+        # each client clips its update to S, and the trusted edge enforces it on what it receives
+        noise = [self._instruction(s, s.sensitivity, pol.p.clip, ("device", "edge"))
+                 for s in pol.settings[edge].values()]
+        # the trusted edge draws its clients itself (Poisson, rate q_c) and sums them over a fixed denominator
+        params = dict(client_rate=pol.p.client_rate, fixed_denominator=pol.p.client_rate * sum(pol.sizes(edge)))
+        return pb.ClusterPlan(params=params, noise=noise), True
 
     def planned_records(self, r, participants):
         pol = self.policy
@@ -147,16 +154,15 @@ class PerSample(Placement):
             return {f"sample/{d}": pol.sample_setting(pol.device_sizes[d]) for d in pol.members[edge]}
         return {"sample": pol.sample_setting(0)}
 
-    def cluster_plan(self, edge, participants, params, train, round_cfg):
-        devices = {}  # the devices add the noise; nothing for edges to do
+    def cluster_plan(self, edge, participants, train, round_cfg):
+        noise, devices = [], {}  # the devices add the noise (DP-SGD's clip is per example, in the phase)
         for key, setting in self.policy.settings[edge].items():
-            z = {"noise_z_sample": setting.std / setting.sensitivity, "noise_sens_sample": setting.sensitivity}
+            ins = self._instruction(setting, setting.sensitivity)
             if key == "sample":
-                params.update(z)
+                noise.append(ins)
             else:  # fixed lots: each device its own multiplier
-                devices[key.split("/", 1)[1]] = pb.DevicePlan(params=z)
-        return pb.ClusterPlan(params=params, participants=list(self._listed(edge, participants)),
-                              devices=devices), False
+                devices[key.split("/", 1)[1]] = pb.DevicePlan(noise=[ins])
+        return pb.ClusterPlan(participants=list(self._listed(edge, participants)), devices=devices, noise=noise), False
 
     def planned_records(self, r, participants):
         pol = self.policy

@@ -13,13 +13,13 @@ import numpy as np
 
 from hfl.common import plans, topology
 from hfl.common.wire import WireError
-from hfl.common.privacy import accountant, calibration, on_wire
+from hfl.common.privacy import accountant, calibration, instructions, shapes
 from hfl.common.privacy import config as privacy_config
 from hfl.common.privacy.schedules import SCHEDULES
 from hfl.common.privacy.wavelet import lemma2_multiplier, padded_length
 from hfl.common.privacy.events import DpRecord
 from hfl.common.privacy.ledger import PrivacyLedger
-from hfl.common.privacy.trust import TRUSTED, effective_trust, resolve_trust, sample_participants
+from hfl.common.privacy.trust import effective_trust, resolve_trust, sample_participants
 from hfl.common.secret_random import SEEDED_LABEL
 from hfl.common.seeding import numpy_rng
 from hfl.proto import hfl_v1_pb2 as pb
@@ -38,6 +38,7 @@ class PrivacyPolicy:
         self.algorithm = plans.ALGORITHMS.get(cfg.run.algorithm)
         self.p = p = privacy_config.effective(cfg.privacy, self.algorithm)
         self.wavelet = privacy_config.wavelet_calibration(p) if p.mechanism == "wavelet" else ""
+        self.shape = shapes.for_mechanism(p.mechanism).stage  # the noise stage the plan's instructions name
         # the largest Haar weight max_c W_c (= the padded length of the longest transformed segment)
         if self.wavelet and not layer_sizes:
             raise ValueError("wavelet noise needs the model's layer sizes (its Haar weights)")
@@ -71,7 +72,7 @@ class PrivacyPolicy:
         self.stopped: str | None = None
         self.planned: dict[int, dict[str, tuple[str, ...]]] = {}  # round -> edge -> participants, as planned
         self.charged_missing = 0  # releases charged as planned for edges that never reported
-        self.plan_params: dict[int, dict[str, dict]] = {}  # round -> edge -> the cluster plan's params
+        self.planned_noise: dict[int, dict[str, instructions.NoisePlan]] = {}  # round -> edge -> instructions sent
 
     # ---- calibration ----------------------------------------------------------------------------
     @property
@@ -137,31 +138,29 @@ class PrivacyPolicy:
         the calibrated ones (each release costs the same privacy), the std follows 2 eta_k tau_k G / s_c^k."""
         plans_ = {}
         self.planned[r] = {e: tuple(participants[e]) for e in self.edges}
-        self.plan_params[r] = {}
+        self.planned_noise[r] = {}
         train = (round_cfg or self.cfg).train
         scale = self.schedule.scale(r)
         for e in self.edges:
-            params = {"trusted": float(self.levels[e] == TRUSTED), **on_wire.shape_params(self.p.mechanism, self.wavelet)}
-            plans_[e], checked = self.placement.cluster_plan(e, participants[e], params, train, round_cfg)
-            scale.apply(params)  # round r's noise and clip under the schedule: in the plan and in what is checked
-            scale.apply(plans_[e].params)
-            for device_plan in plans_[e].devices.values():
-                scale.apply(device_plan.params)
+            plans_[e], checked = self.placement.cluster_plan(e, participants[e], train, round_cfg)
+            scale.apply(plans_[e])  # round r's noise and clip under the schedule: in the plan and in what is checked
             if checked:
-                self.plan_params[r][e] = dict(params)
+                self.planned_noise[r][e] = instructions.read_cluster(plans_[e])
         return plans_
 
     def check_events(self, r: int, edge: str, records: Sequence[DpRecord]) -> None:
-        """The cloud checks what an edge reports against the plan it sent: every edge- or device-tier event must
-        state the planned multiplier of its stream and at least the planned sensitivity (a trusted edge scales its
-        noise up for fewer contributors, never down). A forged multiplier is refused, not charged."""
-        plan = self.plan_params.get(r, {}).get(edge)
-        if plan is None:
+        """The cloud checks what an edge reports against the instructions it sent: every edge- or device-tier event
+        must have been instructed for its tier and stream, state the instructed multiplier and at least the
+        instructed sensitivity (an edge scales its noise up for fewer contributors, never down). A forged
+        multiplier is refused, not charged."""
+        noise = self.planned_noise.get(r, {}).get(edge)
+        if noise is None:
             return
         for rec in records:
             if rec.tier == "device-sample":
                 continue
-            z, sens = plan.get(f"noise_z_{rec.stream}"), plan.get(f"noise_sens_{rec.stream}")
+            ins = noise.get(rec.tier, rec.stream)
+            z, sens = (ins.multiplier, ins.sensitivity) if ins is not None else (None, None)
             # paper-mode wavelet noise records its true multiplier z / max_c W_c (digest 002, P1)
             wanted = (z,) if z is None or not self.wavelet else (z, z / self.max_weight)
             ok = z is not None and any(np.isclose(rec.noise_multiplier, w, rtol=1e-9) for w in wanted) and \
@@ -205,7 +204,7 @@ class PrivacyPolicy:
         records = [DpRecord.from_transform_params(dict(t.params)).replace(round=r)
                    for node in sorted(submissions) for t in submissions[node] if t.stage == DP_STAGE]
         participants = self.planned.pop(r, None)
-        self.plan_params.pop(r, None)
+        self.planned_noise.pop(r, None)
         missing = [e for e in self.edges if e not in submissions and participants and participants.get(e)]
         if missing:
             silent = {d for e in missing for d in participants[e]}

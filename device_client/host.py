@@ -19,7 +19,7 @@ from hfl.common.data import load_dataset
 from hfl.common.models import build, num_parameters
 from hfl.common.partition import partition
 from hfl.common.pipeline import Link
-from hfl.common.privacy import on_wire
+from hfl.common.privacy import instructions, on_wire
 from hfl.common.secret_random import dp_numpy_rng, dp_torch_generator
 from hfl.common.seeding import numpy_rng, torch_generator
 from hfl.common.upstream import Upstream
@@ -166,15 +166,15 @@ class Device:
 
     async def _round(self, task: pb.RoundTask, envelope: pb.Envelope) -> None:
         dim = self.dim
+        cluster = task.clusters[self.edge_id] if self.edge_id in task.clusters else pb.ClusterPlan()
+        noise = instructions.read_device(cluster, self.id)  # refuses a plan it cannot execute as stated, up front
         w, _ = self.downlink.receive(wire.single_tensor(envelope, "model"), dim, self.cfg.run.seed, self.index, task.round, -1)
         w = self.mode.start_round(w)
         anchor = w.copy()
         losses: list[float] = []
         batch = self.cfg.train.batch_size
-        cluster = task.clusters[self.edge_id] if self.edge_id in task.clusters else pb.ClusterPlan()
         if (cluster.participants or cluster.only_listed) and self.id not in cluster.participants:
             return  # not drawn this round: idle, and resynchronise from the next round's global model
-        cplan = dict(cluster.params)
         extra: dict = {}  # scalars for the next upload (e.g. this round's smoothness estimate)
         encode = encode_overrides(cluster.devices[self.id].params) if self.id in cluster.devices else None
         sample_dp: list = []  # DP-SGD events of the local phases since the last upload, sent with it
@@ -199,12 +199,11 @@ class Device:
                     if np.isfinite(beta):
                         extra["beta_estimate"] = beta
             elif phase.kind == plans.LOCAL_DP_SGD:
-                dev_plan = dict(cluster.devices[self.id].params) if self.id in cluster.devices else {}
                 # lots and noise drawn afresh per attempt (a repeated draw would cancel between two releases)
                 gen = dp_torch_generator(self.dp_source, self.cfg.run.seed, "device", self.index, task.round, step,
                                          "dp_sgd", task.attempt)
-                w, loss, rec = await self.trainer.run(local_dp_sgd, w, self.shard, p, {**cplan, **dev_plan}, gen,
-                                                      self.id, task.round)
+                w, loss, rec = await self.trainer.run(local_dp_sgd, w, self.shard, p, noise.get("device-sample", "sample"),
+                                                      gen, self.id, task.round, cluster.params.get("clip_scale", 1.0))
                 if np.isfinite(loss):
                     losses.append(loss)
                 sample_dp.append(rec)
@@ -227,7 +226,7 @@ class Device:
                                 "rest of the round", self.id, task.round)
                     await self._withdraw((task.round, task.attempt))
                     return
-                delta, dp = self._private_delta(w - anchor, cplan, task, step)
+                delta, dp = self._private_delta(w - anchor, noise, task, step)
                 dp, sample_dp = dp + sample_dp, []
                 reply = await self._exchange(self._upload(task, step, "delta", delta, scalars, dp, encode))
                 if plans.downlink_after(task.phases, step):
@@ -238,10 +237,10 @@ class Device:
             # cloud_sync: nothing to do on a device; the next round task carries the new global model
         self.mode.end_round(w)
 
-    def _private_delta(self, delta: np.ndarray, cplan: dict, task: pb.RoundTask, step: int):
+    def _private_delta(self, delta: np.ndarray, noise: instructions.NoisePlan, task: pb.RoundTask, step: int):
         rng = dp_numpy_rng(self.dp_source, self.cfg.run.seed, "device", self.index, task.round, step, "dp_noise",
                            task.attempt)
-        return on_wire.device_release(delta, cplan, on_wire.stream_of(task.phases, step), rng, self.id, task.round)
+        return on_wire.device_release(delta, noise, on_wire.stream_of(task.phases, step), rng, self.id, task.round)
 
 
 def encode_overrides(device_plan) -> dict:

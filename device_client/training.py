@@ -11,6 +11,7 @@ from torch.nn import functional as F
 from hfl.common.models import get_flat, set_flat
 from hfl.common.privacy import optimizers
 from hfl.common.privacy.events import DpRecord
+from hfl.common.privacy.instructions import Instruction
 from hfl.common.privacy.per_example import dp_sgd
 from hfl.common.shard import Shard, evaluate, make_shard  # noqa: F401 - the device's data and the shared evaluation
 
@@ -54,21 +55,22 @@ def local_sgd(model: nn.Module, w: np.ndarray, shard: Shard, lr: float, batch_si
     return get_flat(model), (total / count if count else float("nan")), count
 
 
-def local_dp_sgd(model: nn.Module, w: np.ndarray, shard: Shard, phase: Mapping[str, float], plan: Mapping[str, float],
-                 gen: torch.Generator, node: str, round_: int) -> tuple[np.ndarray, float, DpRecord]:
-    """A local_dp_sgd phase (plans.local_dp_sgd) with the noise multiplier of the device's round plan: DP-SGD or
-    DP-SGD-WAV (privacy.per_example.dp_sgd), and the DP event it releases: `steps` subsampled Gaussians at the
-    multiplier the noise really gives (for the paper's wavelet clip, sigma / max_c W_c)."""
-    scale = float(plan.get("clip_scale", 1.0))  # a round's clip under a schedule (privacy.schedules), C_r = C x scale
-    clips = [phase[f"clip_{j}"] * scale for j in range(len(phase)) if f"clip_{j}" in phase]
-    z = float(plan.get("noise_z_sample", 0.0))
-    if not z > 0:
-        raise ValueError("a local_dp_sgd phase needs noise_z_sample > 0 in the round plan")
+def local_dp_sgd(model: nn.Module, w: np.ndarray, shard: Shard, phase: Mapping[str, float], noise: Instruction | None,
+                 gen: torch.Generator, node: str, round_: int, clip_scale: float = 1.0
+                 ) -> tuple[np.ndarray, float, DpRecord]:
+    """A local_dp_sgd phase (plans.local_dp_sgd) with the round plan's device-sample noise instruction: its shape
+    (gaussian or wavelet_gaussian), calibration and multiplier select DP-SGD or DP-SGD-WAV
+    (privacy.per_example.dp_sgd), and the DP event it releases: `steps` subsampled Gaussians at the multiplier the
+    noise really gives (for the paper's wavelet clip, sigma / max_c W_c). `clip_scale`: a round's clip under a
+    schedule (privacy.schedules), C_r = C x clip_scale."""
+    clips = [phase[f"clip_{j}"] * clip_scale for j in range(len(phase)) if f"clip_{j}" in phase]
+    if noise is None or not noise.multiplier > 0:
+        raise ValueError("a local_dp_sgd phase needs a device-sample noise instruction with multiplier > 0 in the "
+                         "round plan")
     w, loss, info = dp_sgd(model, w, shard, lr=float(phase["lr"]), steps=int(phase["steps"]), q=float(phase["q"]),
-                           clip=float(phase["clip"]) * scale, noise_multiplier=z,
-                           mechanism="wavelet" if phase.get("wavelet") else "gaussian", generator=gen,
-                           lot="fixed" if phase.get("fixed") else "poisson",
-                           calibration="paper" if phase.get("paper") else "sound", layer_bounds=clips or None,
+                           clip=float(phase["clip"]) * clip_scale, noise_multiplier=noise.multiplier,
+                           mechanism=noise.shape.config, generator=gen, lot="fixed" if phase.get("fixed") else "poisson",
+                           calibration=noise.calibration, layer_bounds=clips or None,
                            wavelet_scope="per_layer" if phase.get("per_layer") else "flat",
                            optimizer=optimizers.from_code(phase.get("optimizer", optimizers.code("sgd"))))
     fixed = info["lot"] == "fixed" and info["sampling_rate"] < 1.0

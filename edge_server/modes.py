@@ -56,9 +56,8 @@ class DigitalEdge:
         name = "gradient" if barrier.kind == plans.EDGE_GRADIENT_STEP else "delta"
         dp = on_wire.from_transforms(meta.transforms, allowed={node})
         stream = on_wire.stream_of(ctx.plan, meta.step)
-        on_wire.check_device_records(dp, ctx.cplan, node, stream, expected=barrier.kind == plans.EDGE_MODEL_SYNC
-                                     and bool(ctx.cplan) and ctx.cplan.get("trusted", 0.0) != 1.0
-                                     and ctx.cplan.get(f"noise_z_{stream}", 0.0) > 0)
+        device_noise = ctx.noise.get("device", stream) if barrier.kind == plans.EDGE_MODEL_SYNC else None
+        on_wire.check_device_records(dp, device_noise, node, stream)
         # charged at receipt: the noisy upload is released to this edge even if a later check or a restart of the
         # barrier discards it
         ctx.dp_records.extend(dp)
@@ -108,14 +107,18 @@ class DigitalEdge:
 
     def _aggregate(self, ctx: ClusterRound, contributions: list[Contribution], weights: list, nodes: list[str],
                    phase: pb.Phase, step: int) -> np.ndarray:
-        """Aggregate as the round plan says: a trusted edge enforces the clip bound on each upload and adds one
-        noise draw to the aggregate (paper 000: local and global streams; DP-FedAvg: the fixed-denominator sum)."""
+        """Aggregate as the round plan says: where the stream's instruction has the edge enforce its clip, clip each
+        upload, and add the edge-tier noise draw to the aggregate (paper 000: local and global streams of a trusted
+        edge; DP-FedAvg: the fixed-denominator sum)."""
         vecs = [c.vec for c in contributions]
-        trusted = ctx.cplan.get("trusted", 0.0) == 1.0 and phase.kind == plans.EDGE_MODEL_SYNC
+        stream = on_wire.stream_of(ctx.plan, step)
+        sync = phase.kind == plans.EDGE_MODEL_SYNC
+        release = ctx.noise.get("edge", stream) if sync else None
+        bound = ctx.noise.clip_for("edge", stream) if sync else None
         ctx.tally.q_uplink.extend(c.q for c in contributions if c.q is not None)
-        if trusted:
+        if bound is not None:
             for i, vec in enumerate(vecs):
-                vecs[i], over = on_wire.enforce_clip(vec, ctx.cplan)
+                vecs[i], over = on_wire.enforce_clip(vec, bound)
                 ctx.clipped += over
         if "fixed_denominator" in ctx.cplan:  # sum_k p_k Delta_k, p_k = d_k / (q_c d) (paper 002, Eq. 4)
             acc = np.zeros(self.dim, np.float64)
@@ -124,13 +127,12 @@ class DigitalEdge:
             agg = (acc / ctx.cplan["fixed_denominator"]).astype(np.float32)
         else:
             agg = robust.aggregate(self.cfg.pipeline.aggregate, self.cfg.pipeline.params, vecs, weights)
-        if trusted:
-            stream = on_wire.stream_of(ctx.plan, step)
+        if release is not None:
             # a fresh draw per attempt: two releases sharing one noise draw would cancel it in their difference
             rng = dp_numpy_rng(self.cfg.privacy.noise_source, self.cfg.run.seed, "edge", self.index, ctx.round, step,
                                "dp_noise", ctx.attempt)
-            agg, records = on_wire.edge_release(agg, ctx.cplan, stream, rng, weights, len(ctx.participants),
-                                                self.id, nodes, ctx.round)
+            agg, records = on_wire.edge_release(agg, release, rng, weights, len(ctx.participants), self.id, nodes,
+                                                ctx.round, mean="fixed_denominator" not in ctx.cplan)
             ctx.dp_records.extend(records)
         return agg
 

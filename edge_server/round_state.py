@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hfl.common.privacy.instructions import NoisePlan
 from hfl.proto import hfl_v1_pb2 as pb
 
 
@@ -54,8 +55,9 @@ class ClusterRound:
 
     run_id: str
     round: int
-    cplan: dict                 # the cloud's plan for this cluster (trust, noise, clip)
+    cplan: dict                 # the cloud's plan params for this cluster (e.g. DP-FedAvg's client rate)
     participants: set[str]
+    noise: NoisePlan = field(default_factory=NoisePlan)  # the releases the plan instructs (instructions.py)
     attempt: int = 0
     plan: list = field(default_factory=list)
     dp_records: list = field(default_factory=list)  # every attempt's: an aborted attempt's releases count all the same

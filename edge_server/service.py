@@ -20,7 +20,7 @@ from hfl.common import modes, plans, rpc, session, topology, validate, wire
 from hfl.common.channel.round_clock import EdgeClock
 from hfl.common.observe import live, members as member_states
 from hfl.common.pipeline import Link
-from hfl.common.privacy import on_wire
+from hfl.common.privacy import instructions, on_wire
 from hfl.common.secret_random import dp_numpy_rng
 from hfl.common.service_base import Gate, Liveness, Refusals, RoundBoard, refuse
 from hfl.common.upstream import Upstream
@@ -332,11 +332,12 @@ class EdgeServer(Gate, pbg.EdgeServiceServicer):
         return 0
 
     async def _round(self, task: pb.RoundTask, envelope: pb.Envelope) -> None:
+        plan = task.clusters[self.id] if self.id in task.clusters else pb.ClusterPlan()
+        noise = instructions.read_cluster(plan)  # refuses a plan it cannot execute as stated, before anything runs
         global_w, _ = self.downlink.receive(wire.single_tensor(envelope, "model"), self.dim, self.cfg.run.seed, self.index,
                                             task.round, -1)
         self.round = task.round
         self.attempt = 0
-        plan = task.clusters[self.id] if self.id in task.clusters else pb.ClusterPlan()
         self.cluster_plan = plan
         cplan = dict(plan.params)
         participants = set(plan.participants) if plan.participants or plan.only_listed else set(self.members)
@@ -345,7 +346,7 @@ class EdgeServer(Gate, pbg.EdgeServiceServicer):
             draw = dp_numpy_rng(self.cfg.privacy.noise_source, self.cfg.run.seed, "edge", self.index, task.round,
                                 "clients").random(len(self.members))
             participants = {m for m, u in zip(self.members, draw) if u < rate}
-        self.ctx = ClusterRound(self.run_id, task.round, cplan, participants)
+        self.ctx = ClusterRound(self.run_id, task.round, cplan, participants, noise)
         while True:
             result = await self._attempt(task, global_w)
             if result is not None:
@@ -373,9 +374,9 @@ class EdgeServer(Gate, pbg.EdgeServiceServicer):
         self.active_step = comm_steps[0] if comm_steps else None
         device_task = pb.RoundTask(round=task.round, phases=task.phases, attempt=self.attempt)
         everyone = ctx.participants == set(self.members)
-        if ctx.cplan or not everyone or self.cluster_plan.devices:
+        if ctx.cplan or self.cluster_plan.noise or not everyone or self.cluster_plan.devices:
             listed = pb.ClusterPlan(params=ctx.cplan, participants=[] if everyone else sorted(ctx.participants),
-                                    only_listed=not ctx.participants)
+                                    only_listed=not ctx.participants, noise=self.cluster_plan.noise)
             for node, device_plan in self.cluster_plan.devices.items():
                 listed.devices[node].CopyFrom(device_plan)
             device_task.clusters[self.id].CopyFrom(listed)

@@ -24,6 +24,7 @@ test it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import pathlib
 import sys
@@ -58,11 +59,13 @@ def _policy(cfg, tmp: pathlib.Path, tier: str = "auto"):
         if not edges:
             raise ValueError(f"--tier {tier}: no {want} edge in this configuration (trust {policy.levels})")
         edge = edges[0]
-    plan = dict(policy.cluster_plans(0, policy.participants(0))[edge].params)
-    return policy, edge, plan, sizes
+    from hfl.common.privacy import instructions
+
+    noise = instructions.read_cluster(policy.cluster_plans(0, policy.participants(0))[edge])
+    return policy, edge, noise, sizes
 
 
-def _sample_release(policy, edge, plan, sizes, breaking: float):
+def _sample_release(policy, edge, noise, sizes, breaking: float):
     """Batched release of one DP-SGD lot: the canary's clipped gradient (or nothing) plus the lot's noise."""
     import torch
 
@@ -97,55 +100,55 @@ def _sample_release(policy, edge, plan, sizes, breaking: float):
     return release, score, True, z, "gaussian"
 
 
-def _aggregator_release(policy, edge, plan, sizes, breaking: float):
-    """One trusted-edge release: p_max x the canary update clipped as the device clips it, plus the edge's noise."""
+def _aggregator_release(policy, edge, noise, sizes, breaking: float):
+    """One trusted-edge release: p_max x the canary update clipped as the device clips it, plus the edge's noise
+    (the plan's edge-tier instruction of the global stream)."""
     from hfl.common.privacy import audit, on_wire
     from hfl.common.privacy.wavelet import WaveletLayout
 
     dim = sum(sizes)
-    bound = plan["delta_clip"]
-    shape = on_wire.shape_of(plan)
-    sens, z = plan["noise_sens_global"], plan["noise_z_global"]
+    ins = noise.get("edge", "global")
+    bound, sens, z = ins.clip, ins.sensitivity, ins.multiplier
+    wavelet = ins.shape.config == "wavelet"
     p_max = sens / bound  # the sensitivity S max_k p_k over the clip S
     layout = WaveletLayout([dim])
-    canary = audit.wavelet_canary(layout, 10.0 * bound) if shape == "wavelet" else np.full(dim, 10.0 * bound / np.sqrt(dim))
-    shift = p_max * on_wire.enforce_clip(canary.astype(np.float32), plan)[0].astype(np.float64)
-    noisy_plan = {**plan, "noise_z_global": z / breaking}
+    canary = audit.wavelet_canary(layout, 10.0 * bound) if wavelet else np.full(dim, 10.0 * bound / np.sqrt(dim))
+    shift = p_max * on_wire.enforce_clip(canary.astype(np.float32), ins)[0].astype(np.float64)
+    noisy = dataclasses.replace(ins, multiplier=z / breaking)
 
     def release(rng: np.random.Generator, with_canary: bool) -> np.ndarray:
         base = shift.astype(np.float32) if with_canary else np.zeros(dim, np.float32)
-        noise = dp_numpy_rng(policy.p.noise_source, policy.cfg.run.seed, "edge", 0, 0, "audit")  # the edge's own
-        return on_wire.edge_release(base, noisy_plan, "global", noise, [1.0], 1, edge, ["canary"], 0)[0]
+        draws = dp_numpy_rng(policy.p.noise_source, policy.cfg.run.seed, "edge", 0, 0, "audit")  # the edge's own
+        return on_wire.edge_release(base, noisy, draws, [1.0], 1, edge, ["canary"], 0, mean=False)[0]
 
-    score = audit.wavelet_lr_score(layout, shift) if shape == "wavelet" else audit.projection_score(shift)
-    return release, score, False, z, "laplace" if shape == "laplace" else "gaussian"
+    score = audit.wavelet_lr_score(layout, shift) if wavelet else audit.projection_score(shift)
+    return release, score, False, z, ins.mechanism
 
 
-def _by_trust_release(policy, edge, plan, sizes, breaking: float):
+def _by_trust_release(policy, edge, noise, sizes, breaking: float):
     """One H2FDP / HFL-DP global-stream release, through the code the device or the trusted edge runs
     (on_wire.device_release / edge_release, with the node's own secret randomness): behind an untrusted edge a
     device's noisy upload, behind a trusted one the edge's noisy mean of s_c uploads, the canary device sending +u
     or -u (replace-one: ||u|| = eta m G, the plan's clip, so the pair differs by the sensitivity 2 eta m G; the other
     devices' known uploads cancel, white-box)."""
     from hfl.common.privacy import audit, on_wire
+    from hfl.common.privacy.instructions import NoisePlan
 
     dim = sum(sizes)
-    bound = plan["delta_clip"]
-    u = np.full(dim, bound / np.sqrt(dim), np.float32)
-    z = plan["noise_z_global"]
-    noisy_plan = {**plan, "noise_z_global": z / breaking}
-    trusted = plan.get("trusted", 0.0) == 1.0
+    ins = noise.get("edge", "global") or noise.get("device", "global")  # the tier the plan has add the noise
+    u = np.full(dim, ins.clip / np.sqrt(dim), np.float32)
+    z = ins.multiplier
+    noisy = dataclasses.replace(ins, multiplier=z / breaking)
     members = len(policy.members[edge]) if not policy.cfg.train.participants else policy.cfg.train.participants
 
     def release(rng: np.random.Generator, with_canary: bool) -> np.ndarray:
         sign = 1.0 if with_canary else -1.0
-        if trusted:
-            noise = dp_numpy_rng(policy.p.noise_source, policy.cfg.run.seed, "edge", 0, 0, "audit")
+        if noisy.tier == "edge":
+            draws = dp_numpy_rng(policy.p.noise_source, policy.cfg.run.seed, "edge", 0, 0, "audit")
             mean = (sign * u / members).astype(np.float32)
-            return on_wire.edge_release(mean, noisy_plan, "global", noise, [1.0] * members, members, edge,
-                                        ["canary"], 0)[0]
-        noise = dp_numpy_rng(policy.p.noise_source, policy.cfg.run.seed, "device", 0, 0, "audit")
-        return on_wire.device_release(sign * u, noisy_plan, "global", noise, "dev-canary", 0)[0]
+            return on_wire.edge_release(mean, noisy, draws, [1.0] * members, members, edge, ["canary"], 0)[0]
+        draws = dp_numpy_rng(policy.p.noise_source, policy.cfg.run.seed, "device", 0, 0, "audit")
+        return on_wire.device_release(sign * u, NoisePlan([noisy]), "global", draws, "dev-canary", 0)[0]
 
     return release, audit.projection_score(u), False, z, "gaussian"
 
@@ -168,14 +171,14 @@ def run_audit(cfg, out: pathlib.Path, trials: int, seed: int, breaking: float = 
         raise ValueError(f"--break-noise must be > 0, got {breaking}")
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
-        policy, edge, plan, sizes = _policy(cfg, pathlib.Path(tmp), tier)
-        release, score, batched, claimed_z, mechanism = RELEASES[algorithm.privacy](policy, edge, plan, sizes, breaking)
+        policy, edge, noise, sizes = _policy(cfg, pathlib.Path(tmp), tier)
+        release, score, batched, claimed_z, mechanism = RELEASES[algorithm.privacy](policy, edge, noise, sizes, breaking)
     delta = policy.p.delta
     # the tight (PLD) figure for one release: RDP's conversion is loose (1.386 at z = 3 where PLD gives 1.271), and
     # a lower bound compared with a loose statement would hide a violation between the two
     claimed = epsilon_of_releases([(mechanism, claimed_z, 1.0, 1)], delta, "pld")
     if algorithm.privacy == "by_trust":
-        mode_tier = "trusted edge" if plan.get("trusted", 0.0) == 1.0 else "device behind an untrusted edge"
+        mode_tier = "trusted edge" if noise.get("edge", "global") else "device behind an untrusted edge"
     else:
         mode_tier = "device" if algorithm.privacy == "sample" else "trusted edge"
     mode = (f"{mode_tier}: {policy.p.mechanism}" + (f", {policy.wavelet} wavelet clip" if policy.wavelet else "")

@@ -80,8 +80,28 @@ class Phase(_message.Message):
     params: _containers.ScalarMap[str, float]
     def __init__(self, kind: _Optional[str] = ..., params: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
+class NoiseInstruction(_message.Message):
+    __slots__ = ("tier", "stream", "shape", "multiplier", "sensitivity", "clip", "clip_at", "calibration")
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    MULTIPLIER_FIELD_NUMBER: _ClassVar[int]
+    SENSITIVITY_FIELD_NUMBER: _ClassVar[int]
+    CLIP_FIELD_NUMBER: _ClassVar[int]
+    CLIP_AT_FIELD_NUMBER: _ClassVar[int]
+    CALIBRATION_FIELD_NUMBER: _ClassVar[int]
+    tier: str
+    stream: str
+    shape: str
+    multiplier: float
+    sensitivity: float
+    clip: float
+    clip_at: _containers.RepeatedScalarFieldContainer[str]
+    calibration: str
+    def __init__(self, tier: _Optional[str] = ..., stream: _Optional[str] = ..., shape: _Optional[str] = ..., multiplier: _Optional[float] = ..., sensitivity: _Optional[float] = ..., clip: _Optional[float] = ..., clip_at: _Optional[_Iterable[str]] = ..., calibration: _Optional[str] = ...) -> None: ...
+
 class DevicePlan(_message.Message):
-    __slots__ = ("params",)
+    __slots__ = ("params", "noise")
     class ParamsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -90,11 +110,13 @@ class DevicePlan(_message.Message):
         value: float
         def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     PARAMS_FIELD_NUMBER: _ClassVar[int]
+    NOISE_FIELD_NUMBER: _ClassVar[int]
     params: _containers.ScalarMap[str, float]
-    def __init__(self, params: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    noise: _containers.RepeatedCompositeFieldContainer[NoiseInstruction]
+    def __init__(self, params: _Optional[_Mapping[str, float]] = ..., noise: _Optional[_Iterable[_Union[NoiseInstruction, _Mapping]]] = ...) -> None: ...
 
 class ClusterPlan(_message.Message):
-    __slots__ = ("params", "participants", "devices", "only_listed")
+    __slots__ = ("params", "participants", "devices", "only_listed", "noise")
     class ParamsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -113,11 +135,13 @@ class ClusterPlan(_message.Message):
     PARTICIPANTS_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     ONLY_LISTED_FIELD_NUMBER: _ClassVar[int]
+    NOISE_FIELD_NUMBER: _ClassVar[int]
     params: _containers.ScalarMap[str, float]
     participants: _containers.RepeatedScalarFieldContainer[str]
     devices: _containers.MessageMap[str, DevicePlan]
     only_listed: bool
-    def __init__(self, params: _Optional[_Mapping[str, float]] = ..., participants: _Optional[_Iterable[str]] = ..., devices: _Optional[_Mapping[str, DevicePlan]] = ..., only_listed: bool = ...) -> None: ...
+    noise: _containers.RepeatedCompositeFieldContainer[NoiseInstruction]
+    def __init__(self, params: _Optional[_Mapping[str, float]] = ..., participants: _Optional[_Iterable[str]] = ..., devices: _Optional[_Mapping[str, DevicePlan]] = ..., only_listed: bool = ..., noise: _Optional[_Iterable[_Union[NoiseInstruction, _Mapping]]] = ...) -> None: ...
 
 class RoundTask(_message.Message):
     __slots__ = ("round", "phases", "finished", "attempt", "clusters")

@@ -6,7 +6,7 @@ from hfl.common.plans import (ALGORITHMS, CLOUD_SYNC, EDGE_MODEL_SYNC, LOCAL_DP_
 from hfl.proto import hfl_v1_pb2 as pb
 
 from . import optimizers
-from .config import effective, wavelet_calibration
+from .config import effective
 
 
 def h2fdp(cfg) -> list[pb.Phase]:
@@ -30,16 +30,15 @@ def dp_fedavg(cfg) -> list[pb.Phase]:
 
 
 def local_dp_sgd(cfg) -> pb.Phase:
-    """A local phase of sample-level DP-SGD; the noise multiplier comes with the cluster plan (the cloud
-    calibrates it), everything else is here. Parameters are numbers: `wavelet` / `paper` / `per_layer` / `fixed`
-    are 0 or 1, per-layer clips are clip_0, clip_1, ..."""
+    """A local phase of sample-level DP-SGD; the noise (shape, calibration, multiplier) comes with the cluster plan's
+    device-sample instruction (the cloud calibrates it), everything else is here. Parameters are numbers:
+    `per_layer` / `fixed` are 0 or 1, per-layer clips are clip_0, clip_1, ..."""
     p = effective(cfg.privacy, ALGORITHMS.get(cfg.run.algorithm))
     if dp_sgd_steps(cfg.train, p.lot_rate) < 1 or cfg.train.tau < 1:
         raise ValueError(f"{cfg.run.algorithm}: train.gamma ({cfg.train.gamma}) and train.tau ({cfg.train.tau}) must be "
                          ">= 1 (DP-SGD steps per edge round, edge rounds per cloud round)")
     params = dict(lr=cfg.train.lr, steps=dp_sgd_steps(cfg.train, p.lot_rate), q=p.lot_rate, clip=p.clip,
-                  fixed=float(p.lot == "fixed"), wavelet=float(p.mechanism == "wavelet"),
-                  paper=float(wavelet_calibration(p) == "paper"), per_layer=float(p.wavelet_scope == "per_layer"),
+                  fixed=float(p.lot == "fixed"), per_layer=float(p.wavelet_scope == "per_layer"),
                   optimizer=optimizers.code(p.optimizer))
     params.update({f"clip_{j}": c for j, c in enumerate(p.layer_clips)})
     return phase(LOCAL_DP_SGD, **params)

@@ -28,7 +28,7 @@ import contextlib
 import logging
 import math
 from dataclasses import dataclass
-from typing import Mapping, MutableMapping, Sequence
+from typing import Sequence
 
 import dp_accounting
 import numpy as np
@@ -134,16 +134,16 @@ class RoundScale:
     multiplier: float = 1.0
     clip: float = 1.0
 
-    def apply(self, params: MutableMapping[str, float]) -> None:
-        """Scale a plan's noise instructions: noise_z_<stream> by the multiplier factor; noise_sens_<stream>, the
-        update bound delta_clip and the devices' clip_scale by the clip factor."""
-        for key in list(params):
-            if key.startswith("noise_z_"):
-                params[key] = float(params[key]) * self.multiplier
-            elif key.startswith("noise_sens_") or key == "delta_clip":
-                params[key] = float(params[key]) * self.clip
+    def apply(self, plan) -> None:
+        """Scale a round plan's (pb.ClusterPlan) noise instructions, the cluster's and each device's own: the
+        multiplier by the multiplier factor, the sensitivity and the clip bound by the clip factor; the devices' DP-SGD
+        clips by the clip factor through the plan's clip_scale."""
+        for ins in [*plan.noise, *(i for device in plan.devices.values() for i in device.noise)]:
+            ins.multiplier = ins.multiplier * self.multiplier
+            ins.sensitivity = ins.sensitivity * self.clip
+            ins.clip = ins.clip * self.clip
         if self.clip != 1.0:
-            params["clip_scale"] = float(params.get("clip_scale", 1.0)) * self.clip
+            plan.params["clip_scale"] = float(plan.params.get("clip_scale", 1.0)) * self.clip
 
 
 class Constant:
@@ -184,9 +184,3 @@ class Dyn(Constant):
 
 SCHEDULES.register("constant", Constant)
 SCHEDULES.register("dyn", Dyn)
-
-
-def scaled(params: Mapping[str, float], scale: RoundScale) -> dict[str, float]:
-    out = dict(params)
-    scale.apply(out)
-    return out

@@ -18,8 +18,9 @@ from .noise import add_gaussian, add_laplace
 from .wavelet import wavelet_clip_stage, wavelet_gaussian_stage
 
 # Noise stages: in a pipeline slot they would add noise that no DP event records, so the run's config refuses them
-# there (privacy.* places and records DP noise); they stay registered as pure functions for tests and tools.
-NOISE_STAGES = ("gaussian", "laplace", "wavelet_gaussian")
+# there (privacy.* places and records DP noise, by the round plan's instructions); they stay registered as pure
+# functions for tests and tools. Registering a noise shape (shapes.py) adds its stage here.
+NOISE_STAGES = {"gaussian", "laplace", "wavelet_gaussian"}
 VECTOR_STAGES.register("wavelet_gaussian")(wavelet_gaussian_stage)  # paper 002's noise on Haar coefficients
 VECTOR_STAGES.register("wavelet_clip")(wavelet_clip_stage)  # ||W (.) H|| <= clip (weighted = 1) or ||H|| (0)
 

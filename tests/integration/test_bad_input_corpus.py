@@ -385,8 +385,10 @@ def abandoned_upload(dev: RawDevice, payload: bytes):
 
 def dp_event(covers: list[str]) -> pb.Transform:
     from hfl.common.privacy import on_wire
+    from hfl.common.privacy.events import DpRecord
 
-    rec = on_wire.record("device", covers[0], covers, {}, 1.0, 1.0, 0, "global")
+    rec = DpRecord(tier="device", node=covers[0], covers=tuple(covers), mechanism="gaussian", noise_multiplier=1.0,
+                   sensitivity=1.0, sampling_rate=1.0, count=1, round=0, stream="global")
     return on_wire.to_transform(rec)
 
 

@@ -7,7 +7,7 @@ import torch
 from hfl.common import config, plans
 from hfl.common.models import build, get_flat, init_parameters
 from hfl.common.privacy import accountant as acct
-from hfl.common.privacy import optimizers
+from hfl.common.privacy import instructions, optimizers
 from hfl.common.privacy.optimizers import OPTIMIZERS
 from hfl.device_client.training import local_dp_sgd, make_shard
 
@@ -53,11 +53,13 @@ def mlp_shard():
 @pytest.mark.parametrize("wavelet", [0, 1])
 def test_the_release_and_its_epsilon_do_not_depend_on_the_rule(mlp_shard, wavelet):
     model, w0, shard = mlp_shard
-    phase = {"lr": 0.01, "steps": 4, "q": 0.2, "clip": 1.0, "fixed": 0, "wavelet": wavelet, "paper": 0, "per_layer": 0}
+    phase = {"lr": 0.01, "steps": 4, "q": 0.2, "clip": 1.0, "fixed": 0, "per_layer": 0}
+    noise = instructions.parse(instructions.build("device-sample", "sample", "wavelet_gaussian" if wavelet else "gaussian",
+                                                  1.1, 1.0))
     out = {}
     for name in ("sgd", "adam", "adagrad"):
         w, _, rec = local_dp_sgd(model, w0, shard, {**phase, "optimizer": optimizers.code(name)},
-                                 {"noise_z_sample": 1.1}, torch.Generator().manual_seed(5), "dev-00001", 2)
+                                 noise, torch.Generator().manual_seed(5), "dev-00001", 2)
         out[name] = (w, rec)
     records = {name: rec for name, (_, rec) in out.items()}
     assert records["adam"] == records["sgd"] == records["adagrad"]  # post-processing: the same DP event
@@ -68,7 +70,7 @@ def test_the_release_and_its_epsilon_do_not_depend_on_the_rule(mlp_shard, wavele
     # where |g| is near eps)
     for name in ("adam", "adagrad"):
         w, _, _ = local_dp_sgd(model, w0, shard, {**phase, "steps": 1, "optimizer": optimizers.code(name)},
-                               {"noise_z_sample": 1.1}, torch.Generator().manual_seed(5), "dev-00001", 2)
+                               noise, torch.Generator().manual_seed(5), "dev-00001", 2)
         step = np.abs(w.astype(np.float64) - w0)
         assert np.all(step <= 0.01 * (1 + 1e-4)) and np.median(step) == pytest.approx(0.01, rel=1e-4)
 

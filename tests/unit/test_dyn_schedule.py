@@ -10,10 +10,11 @@ from dp_accounting import rdp
 
 from hfl.common import config
 from hfl.common.config import ConfigError
-from hfl.common.privacy import on_wire, schedules
+from hfl.common.privacy import instructions, on_wire, schedules
 from hfl.common.privacy.schedules import (RoundScale, dyn_base_multiplier, dyn_clip_factor, dyn_multiplier_factor,
                                           gdp_total_mu)
 from hfl.cloud_server.privacy_policy import PrivacyPolicy
+from hfl.proto import hfl_v1_pb2 as pb
 
 
 def test_factors_follow_the_exponential_schedule():
@@ -56,14 +57,23 @@ def test_accountant_budget_spends_what_the_constant_run_spends():
     assert dyn == pytest.approx(eps([sigma], rounds * steps), rel=1e-5)
 
 
+def _instruction(**kw):
+    return pb.NoiseInstruction(**{**dict(tier="edge", stream="global", shape="gaussian", multiplier=2.0,
+                                         sensitivity=1.5, clip=3.0, clip_at=["edge"]), **kw})
+
+
 def test_round_scale_rescales_the_noise_instructions_only():
-    params = {"noise_z_sample": 2.0, "noise_sens_sample": 1.5, "delta_clip": 3.0, "trusted": 1.0, "client_rate": 0.5}
-    RoundScale(multiplier=0.5, clip=0.8).apply(params)
-    assert params == {"noise_z_sample": 1.0, "noise_sens_sample": pytest.approx(1.2), "delta_clip": pytest.approx(2.4),
-                      "trusted": 1.0, "client_rate": 0.5, "clip_scale": 0.8}
-    same = {"noise_z_global": 2.0}
+    plan = pb.ClusterPlan(params={"client_rate": 0.5}, noise=[_instruction()],
+                          devices={"dev-00001": pb.DevicePlan(noise=[_instruction(tier="device-sample", stream="sample",
+                                                                                  clip=0.0, clip_at=[])])})
+    RoundScale(multiplier=0.5, clip=0.8).apply(plan)
+    assert dict(plan.params) == {"client_rate": 0.5, "clip_scale": 0.8}
+    for ins, clip in ((plan.noise[0], 2.4), (plan.devices["dev-00001"].noise[0], 0.0)):
+        assert (ins.multiplier, ins.sensitivity, ins.clip) == (1.0, pytest.approx(1.2), pytest.approx(clip))
+        assert (ins.shape, list(ins.clip_at) == ["edge"]) == ("gaussian", ins.tier == "edge")
+    same = pb.ClusterPlan(noise=[_instruction()])
     RoundScale().apply(same)
-    assert same == {"noise_z_global": 2.0}
+    assert same == pb.ClusterPlan(noise=[_instruction()])
 
 
 def _policy(tmp_path, overrides, edges=2):
@@ -81,14 +91,15 @@ def test_dyn_dp_sgd_plans_each_rounds_noise_and_the_ledger_charges_it(tmp_path):
     charged = []
     for r in range(4):
         participants = policy.participants(r)
-        plan = policy.cluster_plans(r, participants)["edge-000"].params
-        assert plan["noise_z_sample"] == pytest.approx(z0 * 0.5 ** (r / 4), rel=1e-12)
+        cluster = policy.cluster_plans(r, participants)["edge-000"]
+        plan, z = cluster.params, instructions.read_cluster(cluster).get("device-sample", "sample").multiplier
+        assert z == pytest.approx(z0 * 0.5 ** (r / 4), rel=1e-12)
         assert plan["clip_scale"] == pytest.approx(0.5 ** (r / 4)) if r else "clip_scale" not in plan
         planned = policy.planned_records(r, participants)
-        assert [rec.noise_multiplier for rec in planned] == pytest.approx([plan["noise_z_sample"]] * len(planned))
+        assert [rec.noise_multiplier for rec in planned] == pytest.approx([z] * len(planned))
         assert {rec.count for rec in planned} == {3}
         policy.record(r, {"edge-000": [on_wire.to_transform(rec) for rec in planned]})
-        charged.append(plan["noise_z_sample"])
+        charged.append(z)
     line = json.loads((tmp_path / "privacy_ledger.jsonl").read_text().splitlines()[-1])
     acc = rdp.RdpAccountant()
     for z in charged:
@@ -101,13 +112,13 @@ def test_dyn_dp_fedavg_scales_the_edge_noise_and_its_bound(tmp_path):
     policy, _ = _policy(tmp_path, ["run.algorithm=dyn-dp-fedavg", "privacy.trust=trusted", "privacy.clip=2.0"])
     setting = policy.settings["edge-000"]["global"]
     z0 = dyn_base_multiplier(1.0, rho_mu=0.5, rounds=4, steps=1, q=1.0)
-    plan = policy.cluster_plans(2, policy.participants(2))["edge-001"].params
-    assert plan["noise_z_global"] == pytest.approx(z0 * 0.5 ** 0.5)
-    assert plan["delta_clip"] == pytest.approx(2.0 * 0.5 ** 0.5)
-    assert plan["noise_sens_global"] == pytest.approx(setting.sensitivity * 0.5 ** 0.5)
+    ins = instructions.read_cluster(policy.cluster_plans(2, policy.participants(2))["edge-001"]).get("edge", "global")
+    assert ins.multiplier == pytest.approx(z0 * 0.5 ** 0.5)
+    assert ins.clip == pytest.approx(2.0 * 0.5 ** 0.5) and ins.clip_at == ("device", "edge")
+    assert ins.sensitivity == pytest.approx(setting.sensitivity * 0.5 ** 0.5)
     # an edge event at the round's multiplier passes the cloud's check; one at the constant multiplier does not
-    rec = setting.record("edge-001", ("dev-00003",), 2).replace(noise_multiplier=plan["noise_z_global"],
-                                                                 sensitivity=plan["noise_sens_global"])
+    rec = setting.record("edge-001", ("dev-00003",), 2).replace(noise_multiplier=ins.multiplier,
+                                                                 sensitivity=ins.sensitivity)
     policy.check_events(2, "edge-001", [rec])
     with pytest.raises(Exception, match="does not match"):
         policy.check_events(2, "edge-001", [rec.replace(noise_multiplier=1.0)])
@@ -115,8 +126,9 @@ def test_dyn_dp_fedavg_scales_the_edge_noise_and_its_bound(tmp_path):
 
 def test_constant_algorithms_plan_what_they_did_before(tmp_path):
     policy, _ = _policy(tmp_path, ["run.algorithm=dp-sgd", "privacy.lot_rate=0.1"])
-    plan = policy.cluster_plans(3, policy.participants(3))["edge-000"].params
-    assert plan["noise_z_sample"] == 1.0 and "clip_scale" not in plan
+    cluster = policy.cluster_plans(3, policy.participants(3))["edge-000"]
+    assert instructions.read_cluster(cluster).get("device-sample", "sample").multiplier == 1.0
+    assert "clip_scale" not in cluster.params
 
 
 @pytest.mark.parametrize("overrides, key", [

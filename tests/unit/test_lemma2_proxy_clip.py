@@ -13,7 +13,7 @@ from torch import nn
 
 from hfl.common import config
 from hfl.common.models import build, init_parameters
-from hfl.common.privacy import on_wire
+from hfl.common.privacy import instructions, on_wire
 from hfl.common.privacy.calibration import calibrate_dp_sgd
 from hfl.common.privacy.per_example import per_example_gradients
 from hfl.common.privacy.proxy_clip import example_gradient_norms, median_clip, proxy_indices, resolve_clip
@@ -57,8 +57,8 @@ def _policy(tmp_path, overrides):
 def test_lemma2_wired_at_sample_level(tmp_path):
     policy = _policy(tmp_path, ["run.algorithm=dp-sgd-wav", "privacy.wavelet_mode=sound", "privacy.lot_rate=0.1"])
     z_haar = lemma2_multiplier(1.0, padded_length(50))
-    plan = policy.cluster_plans(0, policy.participants(0))["edge-000"].params
-    assert plan["noise_z_sample"] == pytest.approx(z_haar)
+    noise = instructions.read_cluster(policy.cluster_plans(0, policy.participants(0))["edge-000"])
+    assert noise.get("device-sample", "sample").multiplier == pytest.approx(z_haar)
     out = policy.describe()
     assert out["wavelet_sigma"].startswith("lemma2") and "claim" in out["wavelet_sigma"]
     assert policy.claimed() is not None and "claimed" in out["epsilon_label"]
@@ -71,12 +71,12 @@ def test_lemma2_wired_at_a_trusted_aggregator(tmp_path):
     z_haar = lemma2_multiplier(1.0, padded_length(50))
     setting = policy.settings["edge-000"]["global"]
     assert setting.noise_multiplier == pytest.approx(z_haar) and setting.epsilon_claimed is not None
-    plan = policy.cluster_plans(0, policy.participants(0))["edge-000"].params
-    assert plan["noise_z_global"] == pytest.approx(z_haar)
+    ins = instructions.read_cluster(policy.cluster_plans(0, policy.participants(0))["edge-000"]).get("edge", "global")
+    assert ins.multiplier == pytest.approx(z_haar)
     # what the edge adds and records (on_wire.apply_noise on the plan) passes the cloud's check
     vec = np.ones(50, np.float32)
-    _, recs = on_wire.edge_release(vec, dict(plan), "global", np.random.default_rng(0), [1.0] * 3, 3, "edge-000",
-                                   ["dev-00000", "dev-00001", "dev-00002"], 0)
+    _, recs = on_wire.edge_release(vec, ins, np.random.default_rng(0), [1.0] * 3, 3, "edge-000",
+                                   ["dev-00000", "dev-00001", "dev-00002"], 0, mean=False)
     assert recs[0].noise_multiplier == pytest.approx(z_haar)
     policy.check_events(0, "edge-000", recs)
 

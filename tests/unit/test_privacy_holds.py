@@ -9,7 +9,7 @@ from dp_accounting import rdp
 
 from hfl.common import config
 from hfl.common.config import ConfigError
-from hfl.common.privacy import calibration, on_wire
+from hfl.common.privacy import calibration, instructions, on_wire
 from hfl.common.privacy.events import DpRecord
 from hfl.common.privacy.ledger import lines_to_keep
 from hfl.common.secret_random import dp_numpy_rng, dp_torch_generator
@@ -77,23 +77,23 @@ def test_window_sensitivity_is_the_default_and_tau_the_papers_reading():
 def test_trusted_edge_scales_its_noise_to_the_contributors_it_really_has():
     """1 of 5 planned contributors: the mean moves by 2 eta m G / 1, five times the planned 2 eta m G / 5; the edge
     keeps the planned multiplier by scaling the std (the true multiplier equals the planned one)."""
-    plan = {"trusted": 1.0, "noise_shape": 0.0, "noise_z_global": 2.0, "noise_sens_global": 2 * 0.1 * 5 / 5}
-    one = on_wire.mean_sensitivity(plan, "global", [1.0], planned=5)
-    assert one["noise_sens_global"] == pytest.approx(2 * 0.1 * 5)
+    plan = instructions.parse(instructions.build("edge", "global", "gaussian", 2.0, 2 * 0.1 * 5 / 5))
+    one = on_wire.mean_sensitivity(plan, [1.0], planned=5)
+    assert one.sensitivity == pytest.approx(2 * 0.1 * 5) and one.multiplier == 2.0
     vec = np.zeros(200_000, np.float32)
-    out, z, sens = on_wire.apply_noise(vec, one, "global", np.random.default_rng(0))
+    out, z, sens = on_wire.apply_noise(vec, one, np.random.default_rng(0))
     true_sensitivity = 2 * 0.1 * 5 / 1
     assert z == 2.0 and sens == pytest.approx(true_sensitivity)
     assert np.std(out) / true_sensitivity == pytest.approx(2.0, rel=0.01)  # the true multiplier: std / true sens
-    full = on_wire.mean_sensitivity(plan, "global", [1.0] * 5, planned=5)
-    assert full["noise_sens_global"] == pytest.approx(plan["noise_sens_global"])  # as planned: unchanged
-    weighted = on_wire.mean_sensitivity(plan, "global", [1.0, 3.0], planned=5)  # max w / sum w = 3/4
-    assert weighted["noise_sens_global"] == pytest.approx(plan["noise_sens_global"] * 5 * 0.75)
+    full = on_wire.mean_sensitivity(plan, [1.0] * 5, planned=5)
+    assert full.sensitivity == pytest.approx(plan.sensitivity)  # as planned: unchanged
+    weighted = on_wire.mean_sensitivity(plan, [1.0, 3.0], planned=5)  # max w / sum w = 3/4
+    assert weighted.sensitivity == pytest.approx(plan.sensitivity * 5 * 0.75)
 
 
 # ---- the edge checks device events against the plan ----------------------------------------------------
 
-PLAN = {"trusted": 0.0, "noise_shape": 0.0, "noise_z_local": 1.5, "noise_sens_local": 0.4}
+PLAN = instructions.parse(instructions.build("device", "local", "gaussian", 1.5, 0.4))
 
 
 def _event(**kw):
@@ -103,14 +103,14 @@ def _event(**kw):
 
 
 def test_device_events_must_state_the_planned_noise():
-    on_wire.check_device_records([_event()], PLAN, "dev-00001", "local", expected=True)
+    on_wire.check_device_records([_event()], PLAN, "dev-00001", "local")
     for bad in ([_event(noise_multiplier=1e-3)], [_event(sensitivity=1e-9)], [_event(stream="global")], [],
                 [_event(), _event()]):
         with pytest.raises(WireError) as err:
-            on_wire.check_device_records(bad, PLAN, "dev-00001", "local", expected=True)
+            on_wire.check_device_records(bad, PLAN, "dev-00001", "local")
         assert err.value.reason == "bad_dp_event"
     with pytest.raises(WireError):
-        on_wire.check_device_records([_event()], PLAN, "dev-00001", "local", expected=False)
+        on_wire.check_device_records([_event()], None, "dev-00001", "local")
 
 
 def test_degenerate_multipliers_are_refused_not_divided_by():

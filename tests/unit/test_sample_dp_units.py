@@ -10,7 +10,7 @@ from dp_accounting import rdp
 
 from hfl.common.models import build, get_flat, init_parameters
 from hfl.common.privacy import accountant as acct
-from hfl.common.privacy import on_wire
+from hfl.common.privacy import instructions, on_wire, shapes
 from hfl.common.privacy.calibration import calibrate_dp_sgd
 from hfl.common.privacy.events import DpRecord
 from hfl.common.privacy.wavelet import (WaveletLayout, coefficient_norms, effective_multiplier,
@@ -190,32 +190,43 @@ def test_pld_refuses_population_records():
 # ----------------------------------------------------------------------------------------------------
 # 4. on_wire: the wavelet noise shape
 
-def wavelet_plan(paper, z=1.3, sens=0.2, **extra):
-    return {**on_wire.shape_params("wavelet", "paper" if paper else ""), "noise_z_local": z, "noise_sens_local": sens,
-            **extra}
+def wavelet_plan(paper, z=1.3, sens=0.2, delta_clip=0.0):
+    return instructions.parse(instructions.build("device", "local", "wavelet_gaussian", z, sens, delta_clip,
+                                                 calibration="paper" if paper else "sound"))
 
 
-def test_shape_params_and_shape_of():
-    assert on_wire.shape_params("gaussian") == {"noise_shape": 0.0, "wavelet_paper": 0.0}
-    assert on_wire.shape_params("wavelet", "paper") == {"noise_shape": 2.0, "wavelet_paper": 1.0}
-    assert on_wire.shape_params("wavelet", "sound") == {"noise_shape": 2.0, "wavelet_paper": 0.0}
-    for shape in on_wire.NOISE_SHAPES:
-        assert on_wire.shape_of(on_wire.shape_params(shape)) == shape
-    assert on_wire.shape_of({}) == "gaussian"
-    with pytest.raises(ValueError, match="mechanism"):
-        on_wire.shape_params("uniform")
-    with pytest.raises(ValueError, match="noise_shape"):
-        on_wire.shape_of({"noise_shape": 3.0})
-    with pytest.raises(ValueError, match="noise_shape"):
-        on_wire.shape_of({"noise_shape": 0.5})
+def test_every_noise_shape_is_a_registered_noise_stage_and_mechanisms_select_them():
+    from hfl.common.pipeline import VECTOR_STAGES
+    from hfl.common.privacy.stages import NOISE_STAGES
+
+    assert shapes.NOISE_SHAPES.names() == ["gaussian", "laplace", "wavelet_gaussian"]
+    for name in shapes.NOISE_SHAPES:
+        assert name in VECTOR_STAGES and name in NOISE_STAGES
+    assert {m: shapes.for_mechanism(m).stage for m in ("gaussian", "laplace", "wavelet")} == {
+        "gaussian": "gaussian", "laplace": "laplace", "wavelet": "wavelet_gaussian"}
+    assert shapes.for_mechanism("wavelet").mechanism == "gaussian"  # what its DP event records
+    with pytest.raises(ValueError, match="uniform"):
+        shapes.for_mechanism("uniform")
+
+
+@pytest.mark.parametrize("shape", ["gaussian", "laplace"])
+def test_a_shape_adds_exactly_its_registered_stage(shape):
+    from hfl.common.pipeline import VECTOR_STAGES
+
+    vec = np.ones(64, np.float32)
+    scale = {"gaussian": "std", "laplace": "scale"}[shape]
+    via_shape = shapes.NOISE_SHAPES.get(shape).add(vec, 0.7, np.random.default_rng(3))
+    via_stage = VECTOR_STAGES.get(shape)(vec, np.random.default_rng(3), **{scale: 0.7})
+    np.testing.assert_array_equal(via_shape, via_stage)
+    assert not np.array_equal(via_shape, vec)
 
 
 @pytest.mark.parametrize("length", [1000, 1024, 7])
 def test_apply_noise_wavelet_multiplier(length):
     vec = np.zeros(length, dtype=np.float32)
     m = padded_length(length)
-    out_s, z_s, sens_s = on_wire.apply_noise(vec, wavelet_plan(False), "local", np.random.default_rng(5))
-    out_p, z_p, sens_p = on_wire.apply_noise(vec, wavelet_plan(True), "local", np.random.default_rng(5))
+    out_s, z_s, sens_s = on_wire.apply_noise(vec, wavelet_plan(False), np.random.default_rng(5))
+    out_p, z_p, sens_p = on_wire.apply_noise(vec, wavelet_plan(True), np.random.default_rng(5))
     assert z_s == pytest.approx(1.3, rel=1e-12)
     assert z_p == pytest.approx(1.3 / m, rel=1e-12)
     assert z_p == pytest.approx(effective_multiplier(1.3, WaveletLayout([length]), "paper"), rel=1e-12)
@@ -226,11 +237,12 @@ def test_apply_noise_wavelet_multiplier(length):
 
 
 def test_apply_noise_gaussian_and_absent():
-    plan = {**on_wire.shape_params("gaussian"), "noise_z_global": 2.0, "noise_sens_global": 0.5}
+    plan = instructions.NoisePlan([instructions.parse(instructions.build("edge", "global", "gaussian", 2.0, 0.5))])
     vec = np.ones(16, dtype=np.float32)
-    out, z, sens = on_wire.apply_noise(vec, plan, "global", np.random.default_rng(0))
+    out, z, sens = on_wire.apply_noise(vec, plan.get("edge", "global"), np.random.default_rng(0))
     assert (z, sens) == (2.0, 0.5) and not np.array_equal(out, vec)
-    out, z, sens = on_wire.apply_noise(vec, plan, "local", np.random.default_rng(0))
+    np.testing.assert_array_equal(out, (vec + np.random.default_rng(0).normal(0.0, 1.0, 16)).astype(np.float32))
+    out, z, sens = on_wire.apply_noise(vec, plan.get("edge", "local"), np.random.default_rng(0))
     assert (z, sens) == (0.0, 0.0) and out is vec
 
 
@@ -239,7 +251,7 @@ def test_wavelet_noise_per_element_variance_monte_carlo():
     s = z * sens
     rng = np.random.default_rng(1234)
     vec = np.zeros(m, dtype=np.float32)
-    noise = np.stack([on_wire.apply_noise(vec, wavelet_plan(False, z, sens), "local", rng)[0] for _ in range(draws)])
+    noise = np.stack([on_wire.apply_noise(vec, wavelet_plan(False, z, sens), rng)[0] for _ in range(draws)])
     expected = element_noise_variance(m, s)
     assert expected == pytest.approx(s * s * (1 / m ** 2 + sum(4.0 ** -j for j in range(1, 11))), rel=1e-12)
     # 204,800 values, at least ~1e5 effectively independent (the finest detail is shared by pairs): the relative
@@ -287,12 +299,12 @@ def test_wavelet_sound_clip_is_tighter_than_paper():
 def test_enforce_clip_gaussian_is_l2_and_absent_bound_is_a_no_op():
     v = np.random.default_rng(9).normal(size=50).astype(np.float32)
     norm = float(np.linalg.norm(v.astype(np.float64)))
-    plan = {**on_wire.shape_params("gaussian"), "delta_clip": norm / 2}
+    plan = instructions.parse(instructions.build("edge", "global", "gaussian", 1.0, 1.0, norm / 2, ("edge",)))
     out, clipped = on_wire.enforce_clip(v, plan)
     assert clipped and float(np.linalg.norm(out.astype(np.float64))) == pytest.approx(norm / 2, rel=1e-5)
     assert float(np.linalg.norm(out.astype(np.float64))) <= norm / 2
-    for plan in (on_wire.shape_params("gaussian"), wavelet_plan(False), wavelet_plan(True),
-                 {**wavelet_plan(False), "delta_clip": 0.0}):
+    for plan in (instructions.parse(instructions.build("edge", "global", "gaussian", 1.0, 1.0)), wavelet_plan(False),
+                 wavelet_plan(True)):
         out, clipped = on_wire.enforce_clip(v, plan)
         assert not clipped and out is v
 
@@ -301,8 +313,14 @@ def test_enforce_clip_gaussian_is_l2_and_absent_bound_is_a_no_op():
 # 5. device_client.training.local_dp_sgd
 
 N_SHARD = 20
-PHASE = {"lr": 0.1, "steps": 3, "q": 0.2, "clip": 1.0, "fixed": 0, "wavelet": 0, "paper": 0, "per_layer": 0}
-PLAN = {"noise_z_sample": 1.3}
+PHASE = {"lr": 0.1, "steps": 3, "q": 0.2, "clip": 1.0, "fixed": 0, "per_layer": 0}
+
+
+def sample_noise(z=1.3, shape="gaussian", calibration=""):
+    return instructions.parse(instructions.build("device-sample", "sample", shape, z, 1.0, calibration=calibration))
+
+
+PLAN = sample_noise()
 
 
 @pytest.fixture(scope="module")
@@ -363,7 +381,8 @@ def test_local_dp_sgd_fixed_lots_record_population(mlp, shard):
 @pytest.mark.parametrize("paper", [0, 1])
 def test_local_dp_sgd_wavelet_record(mlp, shard, paper):
     model, w0 = mlp
-    _, _, rec = run_phase(mlp, shard, 4, phase={**PHASE, "wavelet": 1, "paper": paper, "steps": 2})
+    _, _, rec = run_phase(mlp, shard, 4, phase={**PHASE, "steps": 2},
+                          plan=sample_noise(shape="wavelet_gaussian", calibration="paper" if paper else "sound"))
     max_weight = padded_length(len(w0))  # the flat scope's largest Haar weight, W(H_0) = m
     assert max_weight == float(WaveletLayout([len(w0)]).weights.max())
     assert rec.tier == "device-sample" and rec.covers == ("dev-00004",) and rec.count == 2
@@ -371,17 +390,17 @@ def test_local_dp_sgd_wavelet_record(mlp, shard, paper):
     assert rec.noise_multiplier == pytest.approx(1.3 / max_weight if paper else 1.3, rel=1e-12)
 
 
-@pytest.mark.parametrize("plan", [{}, {"noise_z_sample": 0.0}, {"noise_z_sample": -1.0}])
-def test_local_dp_sgd_needs_noise_z_sample(mlp, shard, plan):
-    with pytest.raises(ValueError, match="noise_z_sample"):
-        run_phase(mlp, shard, 1, plan=plan)
+def test_local_dp_sgd_needs_a_noise_instruction(mlp, shard):
+    for plan in (None, sample_noise(0.0)):
+        with pytest.raises(ValueError, match="device-sample noise instruction"):
+            local_dp_sgd(mlp[0], mlp[1], shard, PHASE, plan, torch.Generator().manual_seed(1), "dev-00004", 5)
 
 
 def test_local_dp_sgd_fixed_full_lot_matches_calibration(mlp, shard):
     s = calibrate_dp_sgd(epsilon=EPS, delta=DELTA, steps=3, lot_rate=1.0, clip=1.0, lot="fixed",
                          dataset_size=N_SHARD, mode="noise_multiplier", noise_multiplier=5.0)
     _, _, rec = run_phase(mlp, shard, 2, phase={**PHASE, "fixed": 1, "q": 1.0},
-                          plan={"noise_z_sample": s.std / s.sensitivity})
+                          plan=sample_noise(s.std / s.sensitivity))
     assert rec.population == 0 and rec.sampling_rate == 1.0
     # the device's record must account what the cloud planned for the same noise
     assert rec.noise_multiplier == pytest.approx(s.noise_multiplier, rel=1e-12)

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hfl.common import topology
 from hfl.common.channel import clock as clock_math
 from hfl.common.channel.round_clock import BACKHAUL_BYTES, CLUSTER_SECONDS, DEVICE_JOULES, EDGE_JOULES, ClockParams
 from hfl.common.control import h2fdp_ctrl as ctrl

@@ -64,7 +64,6 @@ def air_slot(plane: Plane, round_: int, step: int, group: bool, payloads: np.nda
     payloads = np.asarray(payloads, dtype=np.float32)
     if payloads.ndim != 2 or payloads.shape[0] != tx.size:
         raise ValueError(f"payloads must be [{tx.size}, d], got {payloads.shape}")
-    d = payloads.shape[1]
     psi = plane.psi if psi is None else float(psi)
     C = plane.C
     cluster_of_tx = top.device_edge[tx]

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import functools
 from collections import Counter, defaultdict
-from typing import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
+
+if TYPE_CHECKING:  # imported where accounting happens (start-up cost: issue 25)
+    import dp_accounting
 
 from .events import DpRecord, accounting_event
 

@@ -17,7 +17,12 @@ keep nothing between rounds), so the moments restart with every local_dp_sgd pha
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from hfl.common.registry import Registry
+
+if TYPE_CHECKING:
+    import torch
 
 OPTIMIZERS: Registry = Registry("DP-SGD update rule")
 

@@ -24,8 +24,6 @@ the one of the noise really added).
 """
 from __future__ import annotations
 
-import contextlib
-import logging
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -36,6 +34,8 @@ from dp_accounting import rdp
 from scipy import optimize
 
 from hfl.common.registry import Registry
+
+from .calibration import _quiet_search
 
 
 SCHEDULES: Registry = Registry("noise schedule")
@@ -96,7 +96,7 @@ def dyn_base_multiplier(sigma: float, *, rho_mu: float, rounds: int, steps: int,
     # charges the run with the configured accountant (its figure may differ from the constant run's by the order grid)
     target = _rdp_epsilon([sigma], q, rounds * steps, delta)
     spent = lambda log_z: _rdp_epsilon(math.exp(log_z) * factors, q, steps, delta)
-    with _quiet():
+    with _quiet_search():
         for width in (0.05, 1.0):  # the CLT solution is near it (a few per cent over long runs): search there first
             lo, hi = log_z0 - width, log_z0 + width
             if spent(lo) > target > spent(hi):
@@ -114,18 +114,6 @@ def _rdp_epsilon(multipliers, q: float, count: int, delta: float) -> float:
         event = dp_accounting.GaussianDpEvent(float(z))
         acc.compose(dp_accounting.PoissonSampledDpEvent(q, event) if q < 1.0 else event, int(count))
     return float(acc.get_epsilon(delta))
-
-
-@contextlib.contextmanager
-def _quiet():
-    """dp_accounting logs (via absl) every RDP order it drops at the small multipliers a search probes."""
-    log = logging.getLogger("absl")
-    level = log.level
-    log.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        log.setLevel(level)
 
 
 @dataclass(frozen=True)

@@ -187,7 +187,8 @@ def test_the_cloud_refuses_edge_events_that_do_not_match_the_plan(tmp_path):
     honest = [r for r in policy.planned_records(0, participants) if r.node == "edge-000"]
     policy.check_events(0, "edge-000", honest)
     for forged in (honest[0].replace(noise_multiplier=1e-3), honest[0].replace(sensitivity=honest[0].sensitivity / 10),
-                   honest[0].replace(sampling_rate=0.01)):
+                   honest[0].replace(sampling_rate=0.01),
+                   honest[0].replace(tier="device")):   # a tier the plan did not instruct for this cluster
         with pytest.raises(WireError) as err:
             policy.check_events(0, "edge-000", [forged])
         assert err.value.reason == "bad_dp_event"

@@ -17,8 +17,16 @@ def _fast_tier(config) -> bool:
     return config.args_source == pytest.Config.ArgsSource.TESTPATHS  # no paths named on the command line
 
 
+def _worker_group(path: str) -> str:
+    """Under pytest-xdist (`--dist loadgroup`, the README's test command) a file's tests stay on one worker, so its
+    module-scoped testbeds start once, and the Docker tests share one worker, so one engine and one image serve them."""
+    return "docker" if "/e2e/" in path else path
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_worker_group(str(item.fspath))))
     if not _fast_tier(config):
         return
     skip = pytest.mark.skip(reason="full tier: `python -m pytest --full` (the README's test command) runs it")

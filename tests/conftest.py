@@ -17,16 +17,25 @@ def _fast_tier(config) -> bool:
     return config.args_source == pytest.Config.ArgsSource.TESTPATHS  # no paths named on the command line
 
 
-def _worker_group(path: str) -> str:
+def _worker_group(nodeid: str) -> str:
     """Under pytest-xdist (`--dist loadgroup`, the README's test command) a file's tests stay on one worker, so its
     module-scoped testbeds start once, and the Docker tests share one worker, so one engine and one image serve them."""
-    return "docker" if "/e2e/" in path else path
+    return "docker" if nodeid.startswith("tests/e2e/") else nodeid.split("::")[0]
+
+
+class _WorkerGroups:
+    @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
+    def pytest_collection_modifyitems(self, items):
+        for item in items:
+            item.add_marker(pytest.mark.xdist_group(_worker_group(item.nodeid)))
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(_WorkerGroups(), "hfl-worker-groups")
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_worker_group(str(item.fspath))))
     if not _fast_tier(config):
         return
     skip = pytest.mark.skip(reason="full tier: `python -m pytest --full` (the README's test command) runs it")

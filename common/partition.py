@@ -130,6 +130,22 @@ def random_draw(rows: int, k: int, pool: np.ndarray, rng: np.random.Generator) -
     return pool[np.sort(picks, axis=1)]
 
 
+def independent_draw(rows: int, k: int, pool: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """[rows, k]: each row k distinct members of `pool` drawn uniformly and independently of the other rows (paper
+    001's literal reading, digest 001 section 10: a label may have many holders or none; nothing is balanced)."""
+    pool = np.asarray(pool)
+    if k > len(pool):
+        raise ValueError(f"cannot draw {k} distinct labels out of {len(pool)}")
+    return np.sort(pool[np.argsort(rng.random((rows, len(pool))), axis=1)[:, :k]], axis=1)
+
+
+LABEL_DRAWS = {"deck": random_draw, "independent": independent_draw}
+
+
+def _draw(cfg):
+    return LABEL_DRAWS[getattr(cfg, "class_draw", "deck")]
+
+
 def allocate(labels: np.ndarray, shares: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
     """Deal each label's samples (shuffled) to the devices in proportion to shares[:, label] (columns in the order
     of np.unique(labels)); disjoint; a column of zeros leaves that label unused."""
@@ -192,9 +208,10 @@ def iid(labels: np.ndarray, n_devices: int, rng: np.random.Generator, cfg) -> li
 @PARTITIONERS.register("classes")
 def k_classes(labels: np.ndarray, n_devices: int, rng: np.random.Generator, cfg) -> list[np.ndarray]:
     """Each device holds exactly k distinct labels drawn at random, every label by about as many devices, with
-    equal disjoint shards (digest 000 section 10; paper 001's non-i.i.d.)."""
+    equal disjoint shards (digest 000 section 10; paper 001's non-i.i.d.); data.class_draw = "independent": each
+    device draws its k labels on its own (paper 001's literal reading; shards may then overlap across devices)."""
     classes = np.unique(labels)
-    picks = random_draw(n_devices, _k(cfg, classes), classes, rng)
+    picks = _draw(cfg)(n_devices, _k(cfg, classes), classes, rng)
     return _deal(labels, _onehot_rows(picks, classes), rng, cfg)
 
 
@@ -243,7 +260,7 @@ def edge_classes(labels: np.ndarray, n_devices: int, rng: np.random.Generator, c
     if not k <= per_edge <= len(classes):
         raise ValueError(f"data.classes_per_edge={per_edge} must be within [classes_per_device={k}, {len(classes)}]")
     edge_labels = balanced_draw(edges, per_edge, classes, rng)
-    picks = np.concatenate([random_draw(m, k, edge_labels[e], rng) for e in range(edges)])
+    picks = np.concatenate([_draw(cfg)(m, k, edge_labels[e], rng) for e in range(edges)])
     return _deal(labels, _onehot_rows(picks, classes), rng, cfg)
 
 
@@ -273,7 +290,7 @@ def mixed(labels: np.ndarray, n_devices: int, rng: np.random.Generator, cfg, edg
             skewed[e * m + m // 2:(e + 1) * m] = True
     wants = np.ones((n_devices, len(classes))) / len(classes)
     if skewed.any():
-        wants[skewed] = _onehot_rows(random_draw(int(skewed.sum()), k, classes, rng), classes) / k
+        wants[skewed] = _onehot_rows(_draw(cfg)(int(skewed.sum()), k, classes, rng), classes) / k
     return _deal(labels, wants, rng, cfg)
 
 

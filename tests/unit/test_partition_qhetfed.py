@@ -106,3 +106,31 @@ def test_a_short_shard_is_topped_up_with_its_own_labels_from_other_devices():
         assert len(np.unique(LABELS[p])) == 1 and len(np.unique(p)) == len(p)
     every = np.concatenate(parts)
     assert len(np.unique(every)) < len(every)  # some image sits on two devices
+
+
+def test_independent_draw_is_uniform_per_device_and_unbalanced_across_devices():
+    """data.class_draw = "independent" (paper 001's literal reading): every device k distinct labels, each label with
+    probability k / 10 (seeded, 10,000 rows: within 4 standard deviations), holders per label left to chance."""
+    from hfl.common.partition import independent_draw, random_draw
+
+    picks = independent_draw(10_000, 2, np.arange(10), np.random.default_rng(3))
+    assert picks.shape == (10_000, 2) and (picks[:, 0] < picks[:, 1]).all()
+    freq = np.bincount(picks.ravel(), minlength=10)
+    assert np.abs(freq - 2_000).max() < 4 * np.sqrt(10_000 * 0.2 * 0.8)
+    spread = [np.ptp(np.bincount(independent_draw(60, 2, np.arange(10), np.random.default_rng(s)).ravel(),
+                                 minlength=10)) for s in SEEDS]
+    deck = [np.ptp(np.bincount(random_draw(60, 2, np.arange(10), np.random.default_rng(s)).ravel(), minlength=10))
+            for s in SEEDS]
+    assert max(deck) <= 1 and min(spread) >= 3  # 12 holders a label on average: the deck exactly, chance roughly
+
+
+@pytest.mark.parametrize("name,k", [("non-iid1", 2), ("non-iid2", 1), ("mixed", 2)])
+def test_independent_draw_partitions_at_the_papers_scale(name, k):
+    cfg = c.load(None, [f"data.partition={name}", "data.samples_per_device=[500, 1500]",
+                        "data.class_draw=independent"]).data
+    parts = partition(LABELS, 60, np.random.default_rng(0), cfg, edges=EDGES)
+    skewed = range(60) if name != "mixed" else [*range(20, 40), *range(50, 60)]
+    assert all(len(np.unique(LABELS[parts[g]])) == k for g in skewed)
+    assert all(500 <= len(p) <= 1500 and len(np.unique(p)) == len(p) for p in parts)
+    deck = split(name, 0)
+    assert not all(np.array_equal(a, b) for a, b in zip(parts, deck))

@@ -60,6 +60,9 @@ class DataSection:
     classes_per_edge: int = doc(4, "partition=edge-classes: labels per edge; its devices draw theirs from these", min=1)
     edge_partitions: tuple[str, ...] = doc((), "partition=mixed: per edge one of iid, classes, half; [] = paper 001's "
                                                "iid, classes, half repeated")
+    class_draw: str = choice("deck", ("deck", "independent"), "partition=classes, non-iid1, non-iid2, mixed, "
+                             "edge-classes: deck = every label held by equally many devices (+-1), dealt as a shuffled "
+                             "deck; independent = each device draws its labels on its own (paper 001's literal reading)")
     dirichlet_alpha: float = doc(0.5, "partition=dirichlet, hier-dirichlet (within an edge): concentration", min=1e-6)
     edge_alpha: float = doc(1.0, "partition=hier-dirichlet: concentration across edges", min=1e-6)
     samples_per_device: tuple[int, int] = doc((0, 0), "[lo, hi]: draw each device's sample count; [0, 0] = split all")

@@ -3,8 +3,10 @@
 Devices are numbered edge by edge (device g belongs to edge g // devices_per_edge). Partitioners that need
 the clusters (cluster-level skew, paper 001's mixed sets, hierarchical Dirichlet) are marked `by_edge` and
 get `edges=`. Label-skew partitioners state what each device wants as a weight matrix W[device, label] and
-every label's samples are dealt out, without replacement, in proportion to its column, so shards are disjoint. `data_report` summarises a
-partition per device and per edge (the run directory's data.json).
+every label's samples are dealt out, without replacement, in proportion to its column, so shards are disjoint; a
+shard shorter than its drawn sample count (data.samples_per_device) is topped up from other devices' samples of its
+own labels, so shards then overlap across devices but never repeat a sample within one (digest 001 section 10).
+`data_report` summarises a partition per device and per edge (the run directory's data.json).
 """
 from __future__ import annotations
 
@@ -58,16 +60,34 @@ def _counts(n_devices: int, rng: np.random.Generator, cfg) -> np.ndarray | None:
     return sample_counts(n_devices, *cfg.samples_per_device, rng, getattr(cfg, "sample_sizes", "uniform"))
 
 
-def _take(pools: list[np.ndarray], counts: np.ndarray | None, rng: np.random.Generator) -> list[np.ndarray]:
+def _top_up(pool: np.ndarray, count: int, labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """`pool` plus count - len(pool) samples of the pool's own labels, in the pool's label shares, drawn without
+    replacement from the samples outside it (other devices' shards): overlap across devices, never a sample twice
+    on one device (digest 001 section 10, "Data budget"). Capped at the samples those labels have."""
+    classes, held = np.unique(labels[pool], return_counts=True)
+    outside = np.ones(len(labels), dtype=bool)
+    outside[pool] = False
+    cand = np.flatnonzero(outside & np.isin(labels, classes))
+    which = np.searchsorted(classes, labels[cand])
+    weight = (held / held.sum() / np.maximum(np.bincount(which, minlength=len(classes)), 1))[which]
+    need = min(int(count) - len(pool), len(cand))
+    extra = rng.choice(cand, size=need, replace=False, p=weight / weight.sum()) if need > 0 else cand[:0]
+    return np.sort(np.concatenate([pool, extra]))
+
+
+def _take(pools: list[np.ndarray], counts: np.ndarray | None, rng: np.random.Generator,
+          labels: np.ndarray) -> list[np.ndarray]:
+    """Each pool cut to its drawn count (without replacement), or topped up from outside it when short (_top_up)."""
     if counts is None:
         return [np.sort(p) for p in pools]
     out = []
     for pool, count in zip(pools, counts):
         if len(pool) == 0:
             out.append(pool)
-            continue
-        replace = count > len(pool)
-        out.append(np.sort(rng.choice(pool, size=int(count), replace=replace)))
+        elif count > len(pool):
+            out.append(_top_up(pool, int(count), labels, rng))
+        else:
+            out.append(np.sort(rng.choice(pool, size=int(count), replace=False)))
     return out
 
 
@@ -110,6 +130,22 @@ def random_draw(rows: int, k: int, pool: np.ndarray, rng: np.random.Generator) -
     return pool[np.sort(picks, axis=1)]
 
 
+def independent_draw(rows: int, k: int, pool: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """[rows, k]: each row k distinct members of `pool` drawn uniformly and independently of the other rows (paper
+    001's literal reading, digest 001 section 10: a label may have many holders or none; nothing is balanced)."""
+    pool = np.asarray(pool)
+    if k > len(pool):
+        raise ValueError(f"cannot draw {k} distinct labels out of {len(pool)}")
+    return np.sort(pool[np.argsort(rng.random((rows, len(pool))), axis=1)[:, :k]], axis=1)
+
+
+LABEL_DRAWS = {"deck": random_draw, "independent": independent_draw}
+
+
+def _draw(cfg):
+    return LABEL_DRAWS[getattr(cfg, "class_draw", "deck")]
+
+
 def allocate(labels: np.ndarray, shares: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
     """Deal each label's samples (shuffled) to the devices in proportion to shares[:, label] (columns in the order
     of np.unique(labels)); disjoint; a column of zeros leaves that label unused."""
@@ -134,7 +170,7 @@ def _deal(labels: np.ndarray, wants: np.ndarray, rng: np.random.Generator, cfg) 
     With labels dealt equally often (random_draw) the devices' shards come out about equal."""
     counts = _counts(len(wants), rng, cfg)
     shares = wants if counts is None else wants * counts[:, None]
-    return _take(allocate(labels, shares, rng), counts, rng)
+    return _take(allocate(labels, shares, rng), counts, rng, labels)
 
 
 def _onehot_rows(picks: np.ndarray, classes: np.ndarray) -> np.ndarray:
@@ -172,9 +208,10 @@ def iid(labels: np.ndarray, n_devices: int, rng: np.random.Generator, cfg) -> li
 @PARTITIONERS.register("classes")
 def k_classes(labels: np.ndarray, n_devices: int, rng: np.random.Generator, cfg) -> list[np.ndarray]:
     """Each device holds exactly k distinct labels drawn at random, every label by about as many devices, with
-    equal disjoint shards (digest 000 section 10; paper 001's non-i.i.d.)."""
+    equal disjoint shards (digest 000 section 10; paper 001's non-i.i.d.); data.class_draw = "independent": each
+    device draws its k labels on its own (paper 001's literal reading; shards may then overlap across devices)."""
     classes = np.unique(labels)
-    picks = random_draw(n_devices, _k(cfg, classes), classes, rng)
+    picks = _draw(cfg)(n_devices, _k(cfg, classes), classes, rng)
     return _deal(labels, _onehot_rows(picks, classes), rng, cfg)
 
 
@@ -209,7 +246,7 @@ def k_classes_round_robin(labels: np.ndarray, n_devices: int, rng: np.random.Gen
         for dev, part in zip(devs, np.array_split(idx, len(devs))):
             pools[dev].append(part)
     merged = [np.concatenate(p) if p else np.zeros(0, dtype=np.int64) for p in pools]
-    return _take(merged, _counts(n_devices, rng, cfg), rng)
+    return _take(merged, _counts(n_devices, rng, cfg), rng, labels)
 
 
 @PARTITIONERS.register("edge-classes")
@@ -223,7 +260,7 @@ def edge_classes(labels: np.ndarray, n_devices: int, rng: np.random.Generator, c
     if not k <= per_edge <= len(classes):
         raise ValueError(f"data.classes_per_edge={per_edge} must be within [classes_per_device={k}, {len(classes)}]")
     edge_labels = balanced_draw(edges, per_edge, classes, rng)
-    picks = np.concatenate([random_draw(m, k, edge_labels[e], rng) for e in range(edges)])
+    picks = np.concatenate([_draw(cfg)(m, k, edge_labels[e], rng) for e in range(edges)])
     return _deal(labels, _onehot_rows(picks, classes), rng, cfg)
 
 
@@ -253,7 +290,7 @@ def mixed(labels: np.ndarray, n_devices: int, rng: np.random.Generator, cfg, edg
             skewed[e * m + m // 2:(e + 1) * m] = True
     wants = np.ones((n_devices, len(classes))) / len(classes)
     if skewed.any():
-        wants[skewed] = _onehot_rows(random_draw(int(skewed.sum()), k, classes, rng), classes) / k
+        wants[skewed] = _onehot_rows(_draw(cfg)(int(skewed.sum()), k, classes, rng), classes) / k
     return _deal(labels, wants, rng, cfg)
 
 
@@ -267,7 +304,7 @@ def dirichlet(labels: np.ndarray, n_devices: int, rng: np.random.Generator, cfg)
         cuts = (np.cumsum(shares)[:-1] * len(idx)).astype(int)
         for dev, part in enumerate(np.split(idx, cuts)):
             pools[dev].append(part)
-    return _take(_no_empty([np.concatenate(p) for p in pools]), _counts(n_devices, rng, cfg), rng)
+    return _take(_no_empty([np.concatenate(p) for p in pools]), _counts(n_devices, rng, cfg), rng, labels)
 
 
 def _no_empty(merged: list[np.ndarray]) -> list[np.ndarray]:
@@ -287,7 +324,7 @@ def hier_dirichlet(labels: np.ndarray, n_devices: int, rng: np.random.Generator,
     edge_share = rng.dirichlet(np.full(edges, cfg.edge_alpha), size=len(classes))  # [C, E]
     within = rng.dirichlet(np.full(m, cfg.dirichlet_alpha), size=(len(classes), edges))  # [C, E, m]
     shares = (edge_share[:, :, None] * within).reshape(len(classes), n_devices).T
-    return _take(_no_empty(allocate(labels, shares, rng)), _counts(n_devices, rng, cfg), rng)
+    return _take(_no_empty(allocate(labels, shares, rng)), _counts(n_devices, rng, cfg), rng, labels)
 
 
 def partition(labels: np.ndarray, n_devices: int, rng: np.random.Generator, cfg, edges: int = 1) -> list[np.ndarray]:

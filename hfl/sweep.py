@@ -17,7 +17,8 @@ A spec (paths relative to the spec file):
     x = ["round", "emulated_seconds"]   # an x absent from the metrics is skipped
     group_by = "run.algorithm"          # one plot per value of this varied key (optional)
     target = { accuracy = 0.75 }        # optional: per run, the first round whose metric reaches the value, and
-                                        # the cumulative emulated seconds and energy then (target.* columns)
+                                        # the cumulative virtual (paper 001's T_di) and emulated seconds and
+                                        # the energy then (target.* columns)
     audit = { trials = 2000 }           # optional: `hfl audit privacy` once per private cell (its first seed's
                                         # config), columns audit.epsilon_lower_bound and audit.epsilon_one_release
     [[claim]]                           # optional, repeated: a paper's claim tested over the seeds (hfl/claims.py)
@@ -55,7 +56,7 @@ SPEC_KEYS = ("name", "description", "config", "seeds", "base", "grid", "variants
 REPORT_KEYS = ("fields", "curves", "x", "group_by", "target", "audit")
 DEFAULT_REPORT = {"fields": ["final_accuracy"], "curves": ["accuracy"], "x": ["round", "emulated_seconds"], "group_by": None,
                   "target": None, "audit": None}
-TARGET_COLUMNS = ("round", "emulated_seconds", "energy_joules_total", "wall_seconds")
+TARGET_COLUMNS = ("round", "virtual_seconds", "emulated_seconds", "energy_joules_total", "wall_seconds")
 VARIANT = "variant"  # the varied key that names a [variants.NAME] table
 TIMING = {"total_seconds": "whole run s (start-up incl.)", "startup_seconds": "start-up s"}  # always tabulated
 

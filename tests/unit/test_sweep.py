@@ -185,8 +185,12 @@ def test_to_target_finds_the_first_round_reaching_the_value():
             {"round": 1, "accuracy": None, "emulated_seconds": 2.0, "energy_joules_total": 4.0, "wall_seconds": 4.0},
             {"round": 2, "accuracy": 0.8, "emulated_seconds": 3.0, "energy_joules_total": 6.0, "wall_seconds": 5.0},
             {"round": 3, "accuracy": 0.9, "emulated_seconds": 4.0, "energy_joules_total": 8.0, "wall_seconds": 6.0}]
-    assert sweep.to_target(rows, {"accuracy": 0.75}) == {"reached": 1.0, "round": 2, "emulated_seconds": 3.0,
-                                                         "energy_joules_total": 6.0, "wall_seconds": 5.0}
+    assert sweep.to_target(rows, {"accuracy": 0.75}) == {"reached": 1.0, "round": 2, "virtual_seconds": None,
+                                                         "emulated_seconds": 3.0, "energy_joules_total": 6.0,
+                                                         "wall_seconds": 5.0}
+    for t, row in enumerate(rows):  # paper 001's runtime axis, where the algorithm has a latency model
+        row["virtual_seconds"] = 1.5 * (t + 1)
+    assert sweep.to_target(rows, {"accuracy": 0.75})["virtual_seconds"] == 4.5
     missed = sweep.to_target(rows, {"accuracy": 0.95})
     assert missed["reached"] == 0.0 and missed["round"] is None and missed["energy_joules_total"] is None
     with pytest.raises(sweep.SweepError, match="report.target"):

@@ -28,34 +28,33 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
 
 
 def montage(done: dict[str, list], out: pathlib.Path) -> pathlib.Path | None:
+    """Rows: every cell's first finished seed (a run copied from an identical attack, see `same_attack_as`, shown
+    once), columns: the original and the reconstructions at attack.iterations, SSIM in each title."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    rows = [(cell, pairs[0]) for cell, pairs in done.items() if pairs]
+    rows = [(cell, pairs[0]) for cell, pairs in done.items() if pairs and "same_attack_as" not in pairs[0][1]]
     if not rows:
         return None
-    first = np.load(rows[0][1][0].run_dir / "dlg_images.npz")
-    columns = [int(i) for i in first["iterations"]]
-    fig, axes = plt.subplots(len(rows), len(columns) + 1, figsize=(1.25 * (len(columns) + 1) + 2.2, 1.3 * len(rows)),
+    columns = [int(i) for i in np.load(rows[0][1][0].run_dir / "dlg_images.npz")["iterations"]]
+    fig, axes = plt.subplots(len(rows), len(columns) + 1, figsize=(0.95 * (len(columns) + 1) + 1.9, 1.0 * len(rows)),
                              squeeze=False)
     for row, (cell, (run, summary)) in enumerate(rows):
         arrays = np.load(run.run_dir / "dlg_images.npz")
-        images = arrays[summary["mechanism"]]
         panels = [("original", arrays["original"])] + [
-            (f"it {it}: {summary['ssim'][str(it)]:.2f}", img) for it, img in zip(columns, images)]
+            (f"it {it}: {summary['ssim'][str(it)]:.2f}", img) for it, img in zip(columns, arrays[summary["mechanism"]])]
         for col, (title, img) in enumerate(panels):
             ax = axes[row][col]
             img = np.clip(np.asarray(img), 0, 1)
             ax.imshow(img[0] if img.shape[0] == 1 else img.transpose(1, 2, 0), cmap="gray", vmin=0, vmax=1)
-            ax.set_title(title, fontsize=6)
+            ax.set_title(title if col or not row else "", fontsize=6, pad=2)
             ax.set_xticks([])
             ax.set_yticks([])
         axes[row][0].set_ylabel(f"{cell}\nseed {run.seed}", fontsize=6, rotation=0, ha="right", va="center")
-    fig.suptitle("DLG reconstructions (SSIM at each iteration)", fontsize=8)
-    fig.tight_layout()
+    fig.tight_layout(pad=0.3, h_pad=0.4, w_pad=0.2)
     path = out / MONTAGE
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -86,7 +85,7 @@ def ssim_vs_bits(spec, done: dict[str, list], out: pathlib.Path, field: str = "s
         ax.errorbar(xs, ys, yerr=sd, marker="o", ms=3, capsize=2,
                     label=", ".join(f"{k.split('.')[-1]}={v}" for k, v in zip(others, key)) or "all")
     ax.set(xlabel="bits per coordinate (attack.bits)", ylabel=f"{field} (mean ± std over seeds)",
-           title=f"{spec.name}: DLG {field} against the bit width", ylim=(-0.1, 1.0))
+           title=f"{spec.name}: DLG {field} against the bit width", ylim=(-0.1, 1.05))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()

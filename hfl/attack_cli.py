@@ -17,7 +17,10 @@ import tomllib
 from dataclasses import dataclass
 from typing import Any
 
-MECHANISMS = ("none", "sq", "dpsq", "laplace-sq", "qsgd")
+# The AttackSettings keys that shape each mechanism's perturbation; the other keys are shared by every mechanism.
+MECHANISM_KEYS = {"none": (), "sq": ("bits", "range_mode"), "dpsq": ("bits", "range_mode", "epsilon1"),
+                  "laplace-sq": ("bits", "range_mode", "epsilon1"), "qsgd": ("qsgd_levels",)}
+MECHANISMS = tuple(MECHANISM_KEYS)
 
 
 @dataclass(frozen=True)
@@ -34,10 +37,11 @@ class AttackSettings:
     iterations: tuple[int, ...] = (0, 20, 40)  # L-BFGS steps at which reconstructions are recorded
     max_inner: int = 20                     # function evaluations per L-BFGS step (torch default, as in DLG)
     same_init: bool = True                  # every mechanism starts from the same dummy image and label
-    torch_threads: int = 2
+    torch_threads: int = 1                  # 2 threads cost 28x the CPU per evaluation on 2 loaded cores
 
 
-def _settings(table: dict[str, Any]) -> AttackSettings:
+def parse_settings(table: dict[str, Any]) -> AttackSettings:
+    """AttackSettings from an [attack] table, every value checked (ValueError names the key)."""
     fields = {f.name: f for f in dataclasses.fields(AttackSettings)}
     unknown = sorted(set(table) - set(fields))
     if unknown:
@@ -85,7 +89,7 @@ def load_settings(config: str | None, overrides: list[str]):
             attack[path[1]] = value
         else:
             rest.append(text)
-    return config_mod.from_dict(config_mod.merge_overrides(data, rest)), _settings(attack)
+    return config_mod.from_dict(config_mod.merge_overrides(data, rest)), parse_settings(attack)
 
 
 def mechanism(name: str, s: AttackSettings):
@@ -101,6 +105,18 @@ def mechanism(name: str, s: AttackSettings):
     if name == "sq":
         return dlg.codec_perturbation("sq", **grid)
     return dlg.codec_perturbation(name, epsilon1=s.epsilon1, **grid)
+
+
+SHARED_KEYS = ("image_index", "lr", "clip", "iterations", "max_inner", "same_init")
+
+
+def attack_key(cfg, s: AttackSettings, name: str) -> dict:
+    """Everything that decides the attack on mechanism `name` (the data, the seed, the shared settings and the
+    mechanism's own keys): two runs with equal keys are the same computation."""
+    from hfl.common.config import to_dict
+
+    own = {k: getattr(s, k) for k in SHARED_KEYS + MECHANISM_KEYS[name]}
+    return {"mechanism": name, "seed": cfg.run.seed, "data": to_dict(cfg)["data"], "attack": own}
 
 
 def run_dlg(cfg, s: AttackSettings, out: pathlib.Path) -> dict:
@@ -123,34 +139,46 @@ def run_dlg(cfg, s: AttackSettings, out: pathlib.Path) -> dict:
                         ds.num_classes)
     mechs = {name: mechanism(name, s) for name in s.mechanisms}
     start = time.perf_counter()
+    every = range(max(s.iterations) + 1)  # SSIM at every L-BFGS step; the grid shows s.iterations
     results = dlg.attack_under_mechanisms(
-        model, image, label, mechs, lr=s.lr, clip=s.clip or None, record_at=s.iterations, max_inner=s.max_inner,
+        model, image, label, mechs, lr=s.lr, clip=s.clip or None, record_at=every, max_inner=s.max_inner,
         seed_generator=lambda name: torch_generator(seed, "cloud", "dlg", 0, "dummy", "" if s.same_init else name),
         seed_rng=lambda name: numpy_rng(seed, "device", "dlg", 0, "uplink", name))
     elapsed = time.perf_counter() - start
     out.mkdir(parents=True, exist_ok=True)
-    _write_grid(out / "dlg.png", image, results)
+    columns = sorted(set(s.iterations))
+    shown = {name: [r.images[r.iterations.index(i)] for i in columns] for name, r in results.items()}
+    _write_grid(out / "dlg.png", image, shown, {name: r.ssim for name, r in results.items()}, columns)
+    np.savez_compressed(out / "dlg_images.npz", original=image, iterations=np.asarray(columns),
+                        **{name: np.stack(imgs) for name, imgs in shown.items()})
     report = {
         "attack": "dlg", "paper": "004 (Fig. 2b-c, Table I)", "seed": seed, "dataset": ds.name,
         "image_index": s.image_index, "label": label, "settings": dataclasses.asdict(s), "seconds": round(elapsed, 2),
-        "ssim": {name: dict(zip(map(str, r.iterations), r.ssim)) for name, r in results.items()},
+        "ssim": {name: {str(i): r.ssim[i] for i in columns} for name, r in results.items()},
+        "ssim_curve": {name: r.ssim for name, r in results.items()},
+        "matching_loss": {name: r.losses for name, r in results.items()},
+        "perturbation": {name: r.perturbation for name, r in results.items()},
         "label_guess": {name: r.label_guess for name, r in results.items()},
         "final_matching_loss": {name: (r.losses[-1] if r.losses else None) for name, r in results.items()},
         "diverged_at": {name: r.diverged_at for name, r in results.items()},
+        "attack_key": {name: attack_key(cfg, s, name) for name in results},
     }
     (out / "dlg.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
 
 
-def _write_grid(path: pathlib.Path, original, results) -> None:
+def _write_grid(path: pathlib.Path, original, images: dict[str, list], ssims: dict[str, list[float]],
+                columns: list[int]) -> None:
+    """Rows: the names of `images` (each its reconstructions at `columns`), the original at the left; `ssims` per
+    name is indexed by iteration."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    names = list(results)
-    cols = len(results[names[0]].iterations)
+    names = list(images)
+    cols = len(columns)
     fig, axes = plt.subplots(len(names), cols + 1, figsize=(1.6 * (cols + 1), 1.7 * len(names)), squeeze=False)
 
     def show(ax, img, title):
@@ -161,11 +189,10 @@ def _write_grid(path: pathlib.Path, original, results) -> None:
         ax.set_yticks([])
 
     for row, name in enumerate(names):
-        r = results[name]
         show(axes[row][0], original, "original")
         axes[row][0].set_ylabel(name, fontsize=8)
-        for col, (it, img, score) in enumerate(zip(r.iterations, r.images, r.ssim), start=1):
-            show(axes[row][col], img, f"it {it}  SSIM {score:.2f}")
+        for col, (it, img) in enumerate(zip(columns, images[name]), start=1):
+            show(axes[row][col], img, f"it {it}  SSIM {ssims[name][it]:.2f}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

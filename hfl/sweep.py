@@ -3,6 +3,7 @@
 A spec (paths relative to the spec file):
 
     name = "smoke"                      # default: the spec's file name
+    runner = "testbed"                  # what one run executes (hfl/runners.py): testbed (default) | dlg
     config = "../configs/default.toml"  # base config file (optional)
     seeds = [0, 1, 2]                   # run.seed of each repetition (default: the base config's)
     [base]                              # overrides of the base config: dotted keys or nested tables
@@ -28,6 +29,9 @@ A spec (paths relative to the spec file):
     metric = "final_accuracy"
     cells = ["nodp", "p1", "p05", "hfldp"]
 
+A runner other than testbed takes its own sections out of the cell's keys (runner dlg: `attack.*`, the settings of
+`hfl attack dlg`) and has its own default [report] and extra report sections.
+
 Each run goes to OUT/CELL/seed-S; a run whose summary.json exists is not run again. At the end:
 OUT/results.md, OUT/results.json and OUT/CURVE_vs_X[__KEY-VALUE].png, with each claim's verdict (and
 OUT/claim_ID.png per claim). `--report-only` re-evaluates the claims of a finished sweep from its results.json.
@@ -48,11 +52,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hfl import claims as claims_mod
+from hfl import runners as runners_mod
 from hfl import families  # noqa: F401  (a spec's configs name their sections and algorithms)
 from hfl.common import config as config_mod
 from hfl.common import metrics
 
-SPEC_KEYS = ("name", "description", "config", "seeds", "base", "grid", "variants", "report", "claim")
+SPEC_KEYS = ("name", "description", "config", "runner", "seeds", "base", "grid", "variants", "report", "claim")
 REPORT_KEYS = ("fields", "curves", "x", "group_by", "target", "audit")
 DEFAULT_REPORT = {"fields": ["final_accuracy"], "curves": ["accuracy"], "x": ["round", "emulated_seconds"], "group_by": None,
                   "target": None, "audit": None}
@@ -72,6 +77,7 @@ class Run:
     seed: int
     config: config_mod.Config
     run_dir: pathlib.Path
+    settings: Any = None      # the runner's own settings (runner dlg: AttackSettings)
 
     @property
     def done(self) -> bool:
@@ -88,6 +94,11 @@ class Spec:
     seeds: list[int] | None
     report: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_REPORT))
     claims: list[claims_mod.Claim] = field(default_factory=list)
+    runner: str = "testbed"
+
+    @property
+    def sweep_runner(self) -> runners_mod.SweepRunner:
+        return runners_mod.RUNNERS.get(self.runner)
 
     @property
     def varied_keys(self) -> list[str]:
@@ -133,6 +144,10 @@ def parse_spec(text: str, path: pathlib.Path) -> Spec:
     except tomllib.TOMLDecodeError as exc:
         raise SweepError(f"{path}: {exc}") from None
     _check_keys(raw, SPEC_KEYS, "the sweep spec")
+    runner_name = raw.get("runner", "testbed")
+    if runner_name not in runners_mod.RUNNERS:
+        raise SweepError(f"runner = {runner_name!r}: unknown; runners: {', '.join(runners_mod.RUNNERS.names())}")
+    runner = runners_mod.RUNNERS.get(runner_name)
     base: dict[str, Any] = {}
     if "config" in raw:
         config_path = (path.parent / str(raw["config"])).resolve()
@@ -166,7 +181,7 @@ def parse_spec(text: str, path: pathlib.Path) -> Spec:
     if not isinstance(report_raw, dict):
         raise SweepError("[report] must be a table")
     _check_keys(report_raw, REPORT_KEYS, "[report]")
-    report = dict(DEFAULT_REPORT, **report_raw)
+    report = {**DEFAULT_REPORT, **runner.default_report, **report_raw}
     for key in ("fields", "curves", "x"):
         if isinstance(report[key], str):
             report[key] = [report[key]]
@@ -182,7 +197,9 @@ def parse_spec(text: str, path: pathlib.Path) -> Spec:
     if audit is not None and not (isinstance(audit, dict) and set(audit) <= {"trials"} and isinstance(
             audit.get("trials", 2000), int) and audit.get("trials", 2000) >= 4):
         raise SweepError(f"report.audit must be a table like {{ trials = 2000 }} (trials >= 4), got {audit!r}")
-    spec = Spec(str(raw.get("name", path.stem)), path, base, grid, variants, seeds, report)
+    if audit is not None and not runner.audits:
+        raise SweepError(f"report.audit: runner {runner_name!r} has no privacy audit (runner testbed has)")
+    spec = Spec(str(raw.get("name", path.stem)), path, base, grid, variants, seeds, report, runner=runner_name)
     group_by = report["group_by"]
     if group_by is not None and group_by not in spec.varied_keys:
         raise SweepError(f"report.group_by = {group_by!r} is not varied by the sweep; varied keys: "
@@ -228,28 +245,31 @@ def _nest(flat: dict[str, Any]) -> dict[str, Any]:
 def expand(spec: Spec, out: pathlib.Path) -> list[Run]:
     """Every run of the sweep, each config built and validated (ConfigError names the bad key)."""
     variant_items = list(spec.variants.items()) or [(None, {})]
+    runner = spec.sweep_runner
     runs = []
     for (variant, overrides), values in itertools.product(variant_items, itertools.product(*spec.grid.values())):
         varied = ({VARIANT: variant} if variant is not None else {}) | dict(zip(spec.grid, values))
         flat = {**spec.base, **overrides, **dict(zip(spec.grid, values))}
         cell = cell_name(varied)
         where = f"cell {cell}" + (f" (variants.{variant})" if variant else "")
+        flat, own = runners_mod.split(runner, flat)
         try:
             first = config_mod.from_dict(_nest(flat))
-        except config_mod.ConfigError as exc:
+            settings = runner.settings(own)
+        except (config_mod.ConfigError, ValueError) as exc:
             hint = (" (a variant name with a dot needs quotes: [variants.\"a.b\"])"
                     if variant is not None and "the top level" in str(exc) else "")
             raise SweepError(f"{where}: {exc}{hint}") from None
         for seed in spec.seeds if spec.seeds is not None else [first.run.seed]:
             cfg = config_mod.from_dict(_nest({**flat, "run.seed": seed, "run.name": f"{spec.name}-{cell}"}))
-            runs.append(Run(cell, varied, seed, cfg, out / cell / f"seed-{seed}"))
+            runs.append(Run(cell, varied, seed, cfg, out / cell / f"seed-{seed}", settings))
     cells: dict[str, dict] = {}
     for run in runs:
         if cells.setdefault(run.cell, run.varied) != run.varied:
             raise SweepError(f"two cells share the directory name {run.cell!r}: make the varied values distinct")
     for run in runs:
         stored = run.run_dir / "config.toml"
-        if run.done and stored.is_file() and stored.read_text() != config_mod.to_toml(run.config):
+        if run.done and stored.is_file() and stored.read_text() != runner.config_text(run):
             raise SweepError(f"{run.run_dir} finished with another config than the spec now gives: delete it or "
                              f"use another --out")
     return runs
@@ -493,12 +513,13 @@ def write_results(spec: Spec, runs: list[Run], out: pathlib.Path, errors: dict[p
                   prov: dict[str, Any] | None = None) -> dict:
     cells = aggregate(spec, runs, errors)
     claim_results = claims_mod.evaluate_all(spec.claims, cells)
-    (out / "results.md").write_text(markdown(spec, cells, claim_results) + provenance_markdown(prov))
-    plots = plot(spec, runs, out, claims_mod.verdict_lines(claim_results))
+    extra_plots, extra = spec.sweep_runner.report(spec, runs, out)
+    (out / "results.md").write_text(markdown(spec, cells, claim_results) + extra + provenance_markdown(prov))
+    plots = plot(spec, runs, out, claims_mod.verdict_lines(claim_results)) + extra_plots
     plots += claims_mod.plot(claim_results, cells, out)
-    result = {"name": spec.name, "spec": _shown(spec.path), "varied_keys": spec.varied_keys, "report": spec.report,
-              "cells": cells, "claims": claim_results, "plots": [p.name for p in plots],
-              **({"provenance": prov} if prov else {})}
+    result = {"name": spec.name, "spec": _shown(spec.path), "runner": spec.runner, "varied_keys": spec.varied_keys,
+              "report": spec.report, "cells": cells, "claims": claim_results, "plots": [p.name for p in plots],
+              **({"runner_markdown": extra} if extra else {}), **({"provenance": prov} if prov else {})}
     metrics.write_json(out / "results.json", result)
     return result
 
@@ -523,7 +544,8 @@ def report_only(spec: Spec, out: pathlib.Path, prov: dict[str, Any] | None = Non
     shown = Spec(**{**spec.__dict__, "report": stored["report"]})
     runs_prov = stored.get("provenance")
     claims_prov = {**prov, "seeds": None} if prov else None
-    (out / "results.md").write_text(markdown(shown, cells, claim_results) + provenance_markdown(runs_prov)
+    (out / "results.md").write_text(markdown(shown, cells, claim_results) + stored.get("runner_markdown", "")
+                                    + provenance_markdown(runs_prov)
                                     + provenance_markdown(claims_prov).replace("## Provenance", "## Provenance of the verdicts"))
     plots = [p for p in stored.get("plots", []) if not p.startswith("claim_")]
     plots += [p.name for p in claims_mod.plot(claim_results, cells, out)]
@@ -534,25 +556,11 @@ def report_only(spec: Spec, out: pathlib.Path, prov: dict[str, Any] | None = Non
 
 
 # ---- running -------------------------------------------------------------------------------------
-def run_one(run: Run, on_round=None, timeout: float = 24 * 3600, active: dict | None = None) -> dict:
-    """One whole testbed (real processes) into run.run_dir; a partial earlier attempt is started over.
-    The testbed sits in `active` while it runs, so that an interrupt can stop it from another thread."""
-    from hfl.testbed import Testbed
-
-    started_before = run.run_dir.exists() and any(run.run_dir.iterdir())
-    bed = Testbed(run.config, run_dir=run.run_dir, force=started_before)
-    if active is not None:
-        active[id(bed)] = bed
-    try:
-        bed.start()
-        for row in bed.iter_metrics(timeout=timeout):
-            if on_round:
-                on_round(row)
-        return bed.wait(timeout=120)
-    finally:
-        bed.close()
-        if active is not None:
-            active.pop(id(bed), None)
+def run_one(run: Run, on_round=None, timeout: float = 24 * 3600, active: dict | None = None,
+            runner: str = "testbed") -> dict:
+    """One run into run.run_dir by the named runner (hfl/runners.py); a testbed sits in `active` while it runs,
+    so that an interrupt can stop it from another thread."""
+    return runners_mod.RUNNERS.get(runner).run(run, on_round=on_round, timeout=timeout, active=active)
 
 
 def audit_cells(spec: Spec, runs: list[Run], console) -> None:
@@ -607,11 +615,9 @@ def run_sweep(spec_path: str | pathlib.Path, out: str | pathlib.Path | None = No
             console.print(f"results: {out_dir / 'results.md'}, results.json and claim plots", markup=False)
             return 0
         runs = expand(spec, out_dir)
-        from hfl.preflight import preflight
-
         for run in runs:  # data present, devices against samples, model against data: before any run starts
             try:
-                preflight(run.config)
+                spec.sweep_runner.preflight(run)
             except config_mod.ConfigError as exc:
                 raise SweepError(f"cell {run.cell}: {exc}") from None
     except SweepError as exc:
@@ -638,13 +644,12 @@ def run_sweep(spec_path: str | pathlib.Path, out: str | pathlib.Path | None = No
             if stopping.is_set():
                 return
             label = f"{run.cell} seed {run.seed}"
-            task = progress.add_task(label, total=run.config.run.rounds)
+            task = progress.add_task(label, total=spec.sweep_runner.steps(run))
             t0 = time.monotonic()
             try:
                 summary = run_one(run, on_round=lambda row: progress.update(task, completed=row["round"] + 1),
-                                  active=active)
-                acc = summary.get("final_accuracy")
-                line = f"done {label}: final accuracy {'-' if acc is None else f'{acc:.4f}'}"
+                                  active=active, runner=spec.runner)
+                line = f"done {label}: {spec.sweep_runner.headline(summary)}"
             except Exception as exc:  # one failed run must not cost the others
                 if stopping.is_set():
                     return
@@ -671,7 +676,7 @@ def run_sweep(spec_path: str | pathlib.Path, out: str | pathlib.Path | None = No
         finally:
             signal.signal(signal.SIGTERM, previous)
             pool.shutdown(wait=True)
-    if spec.report.get("audit") is not None:
+    if spec.report.get("audit") is not None:  # runner testbed only (parse_spec)
         audit_cells(spec, runs, console)
     write_results(spec, runs, out_dir, errors, provenance(spec, started, command(spec_path, out, jobs, False)))
     console.print(f"results: {out_dir / 'results.md'}, results.json and plots", markup=False)

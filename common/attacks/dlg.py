@@ -76,6 +76,21 @@ def codec_perturbation(codec_name: str, **params) -> Perturbation:
     return perturb
 
 
+def perturbation_stats(exact: np.ndarray, perturbed: np.ndarray) -> dict[str, float]:
+    """What the uplink mechanism did to the update, measured on this one draw: the empirical variance over
+    coordinates of the error e = perturbed - exact (`quantization_variance`), its mean square and mean (a biased
+    quantizer such as DP-SQ has E[e] != 0 per coordinate, digest 004 3.3), the update's own variance over
+    coordinates, and ||e||^2 / ||exact||^2 (`error_to_signal`)."""
+    exact = np.asarray(exact, np.float64).ravel()
+    err = np.asarray(perturbed, np.float64).ravel() - exact
+    if err.shape != exact.shape:
+        raise ValueError(f"perturbed has {err.size} values, exact {exact.size}")
+    energy = float(np.dot(exact, exact))
+    return {"quantization_variance": float(err.var()), "quantization_mse": float(np.mean(err ** 2)),
+            "quantization_bias": float(err.mean()), "update_variance": float(exact.var()),
+            "error_to_signal": float(np.dot(err, err) / energy) if energy > 0 else math.inf}
+
+
 def ssim(reconstruction: np.ndarray, original: np.ndarray) -> float:
     """SSIM of two (C, H, W) or (H, W) images in [0, 1] (reconstruction clipped to it), skimage defaults,
     data_range = 1 (digest 004 P9)."""
@@ -98,6 +113,7 @@ class DLGResult:
     losses: list[float] = field(default_factory=list)
     label_guess: int = -1
     diverged_at: int | None = None  # first L-BFGS step whose loss was not finite (images then freeze)
+    perturbation: dict[str, float] = field(default_factory=dict)  # perturbation_stats of the attacked target
 
 
 def dlg_attack(model: nn.Module, target_update: np.ndarray, original: np.ndarray, *, lr: float, clip: float | None,
@@ -169,4 +185,5 @@ def attack_under_mechanisms(model: nn.Module, image: np.ndarray, label: int, mec
             raise ValueError(f"mechanism {name!r} returned shape {target.shape}, expected {clean.shape}")
         out[name] = dlg_attack(model, target, np.asarray(image, np.float64), lr=lr, clip=clip, record_at=record_at,
                                generator=seed_generator(name), max_inner=max_inner)
+        out[name].perturbation = perturbation_stats(clean, target)
     return out

@@ -143,6 +143,42 @@ async def read_envelope(chunks: AsyncIterator[pb.Chunk], max_bytes: int) -> tupl
     return parse_envelope(parts[0] if len(parts) == 1 else b"".join(parts)), size  # one chunk: parsed in place
 
 
+def to_frames(envelopes, chunk_bytes: int) -> Iterator[pb.Chunk]:
+    """Several envelopes on one chunk stream: each one's chunks, its last marked `end` (read_envelopes splits there)."""
+    for envelope in envelopes:
+        chunks = list(to_chunks(envelope.SerializeToString(), chunk_bytes))
+        chunks[-1].end = True
+        yield from chunks
+
+
+async def read_envelopes(chunks: AsyncIterator[pb.Chunk], max_bytes: int, max_count: int) -> tuple[list[pb.Envelope], int]:
+    """Reassemble a stream of to_frames: each envelope refused over `max_bytes` before it is buffered whole, the stream
+    refused past `max_count` envelopes; bytes after the last `end` make one more envelope. Returns (envelopes, bytes)."""
+    out, parts, size, total = [], [], 0, 0
+    try:
+        async for chunk in chunks:
+            size += len(chunk.data)
+            if size > max_bytes:
+                raise WireError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"envelope {len(out)} of the stream exceeds the {max_bytes} byte limit", "oversized")
+            parts.append(chunk.data)
+            if chunk.end:
+                if len(out) >= max_count:
+                    raise WireError(grpc.StatusCode.RESOURCE_EXHAUSTED, f"more than {max_count} envelopes in the stream",
+                                    "oversized")
+                out.append(parse_envelope(parts[0] if len(parts) == 1 else b"".join(parts)))
+                total, parts, size = total + size, [], 0
+    except DecodeError as exc:
+        raise WireError(grpc.StatusCode.INVALID_ARGUMENT, f"malformed stream message: {str(exc)[:200]}",
+                        "malformed") from None
+    if parts:
+        if len(out) >= max_count:
+            raise WireError(grpc.StatusCode.RESOURCE_EXHAUSTED, f"more than {max_count} envelopes in the stream",
+                            "oversized")
+        out.append(parse_envelope(b"".join(parts)))
+    return out, total + size
+
+
 def parse_envelope(payload: bytes) -> pb.Envelope:
     envelope = pb.Envelope()
     try:

@@ -93,12 +93,16 @@ def test_read_envelopes_limits_each_envelope_and_the_count():
     small = pb.Envelope(scalars={"a": 1.0})
     with pytest.raises(wire.WireError) as exc:
         _read_all(wire.to_frames([small, big], 256), 2000, 5)
-    assert exc.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED and "envelope 1" in str(exc.value)
+    assert exc.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED and "payload 1 of the stream" in str(exc.value)
     assert len(_read_all(wire.to_frames([small, big], 256), 5000, 5)[0]) == 2  # the limit is per envelope
     with pytest.raises(wire.WireError, match="more than 2 envelopes"):
         _read_all(wire.to_frames([small] * 3, 256), 5000, 2)
-    # a plain one-envelope stream (no end mark) reads as one envelope
+    # a plain one-envelope stream (no end mark) reads as one envelope; read_envelope refuses a second one
     assert _read_all(wire.chunked(big, 256), 5000, 1)[0] == [big]
+    assert _run(wire.read_envelope(_stream(wire.chunked(big, 256)), 5000)) == (big, big.ByteSize())
+    assert _run(wire.read_envelope(_stream([]), 5000)) == (pb.Envelope(), 0)
+    with pytest.raises(wire.WireError, match="more than 1 envelopes"):
+        _run(wire.read_envelope(_stream(list(wire.to_frames([small, small], 256))), 5000))
 
 
 def test_air_messages_are_checked_against_the_cap_at_load_time(tmp_path):

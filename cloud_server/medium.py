@@ -48,11 +48,36 @@ class Slot:
     refused: set[str] = field(default_factory=set)  # edges whose emission was refused: not waited for
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task | None = None  # the closing computation, started once, shielded from any one edge's cancel
-    replies: dict[str, pb.Envelope] = field(default_factory=dict)
+    replies: dict[str, list[pb.Envelope]] = field(default_factory=dict)
 
     @property
     def closing(self) -> bool:
         return self.task is not None
+
+
+def reply_envelopes(meta: pb.Meta, res, rows: list[int], listen: list[str], psi: float) -> list[pb.Envelope]:
+    """What one edge gets back from a slot, split per device: a head (meta and the scalars its devices estimate with)
+    and one envelope per listening device with its received row, so the largest message is one row (2 x d x 4 bytes
+    on OTA links), whatever the cluster's size M (a whole reply was M x 2 x d x 4). The edge reads them with
+    wire.read_envelopes."""
+    head = pb.Envelope(meta=meta)
+    if rows:
+        first = rows[0]
+        head.scalars.update(n_active=float(res.n_active[first]), E=float(res.E[first]),
+                            sigma_sum=float(res.sigma_sum[first]), mu_mean=float(res.mu_mean[first]), psi=psi)
+    return [head] + [pb.Envelope(tensors=[wire.encode(res.rows[i], "float32", listen[i])]) for i in rows]
+
+
+def estimator_label(receiver: str, psi_mode: str, exact: bool = False) -> str:
+    """Which reading of paper 003's estimator a run used, for its summary: the paper's (eqs. 27 / 35 with eq. 20's
+    Psi) or the corrected one (digest 10.2 and the MMSE-on-models finding), or a mix of the two."""
+    if exact:
+        return "orthogonal: exact means over the active sets (no receive factor, no Psi)"
+    if receiver == "mmse" and psi_mode == "paper":
+        return "paper: MMSE receiver of eqs. 27 / 35 on every slot, the paper's Psi (eq. 20)"
+    if receiver == "unbiased" and psi_mode == "corrected":
+        return "corrected: unbiased receiver sum sigma / |A|, the corrected Psi"
+    return f"mixed: receiver {receiver}, Psi {psi_mode}"
 
 
 def _refuse(code: grpc.StatusCode, message: str, reason: str) -> wire.WireError:
@@ -61,6 +86,9 @@ def _refuse(code: grpc.StatusCode, message: str, reason: str) -> wire.WireError:
 
 class Medium:
     def __init__(self, cfg, run_dir: pathlib.Path, dim: int, refusals=None, device_samples=()):
+        from hfl.common.channel.config import check_air_messages
+
+        check_air_messages(cfg, dim)  # a deployment that skipped the preflight fails here, before any round
         self.cfg = cfg
         # channel.weighting = samples: each transmitter's D_y weights its payload (paper 003, digest 2.1)
         self.device_samples = list(device_samples) if cfg.channel.weighting == "samples" else None
@@ -80,6 +108,7 @@ class Medium:
         metrics.write_json(run_dir / "topology.json", {**top.to_json(), "channel": cfg.channel.model,
                                                        "rho": self.plane.rho, "psi": self.plane.psi,
                                                        "psi_mode": self.plane.psi_mode, "beta": self.plane.beta,
+                                                       "receiver": self.plane.receiver,
                                                        "run_devices": [topology.device_id(i) for i in
                                                                        top.collaborating_devices.tolist()]})
         try:
@@ -169,7 +198,7 @@ class Medium:
         slot.arrived.set()
 
     async def air(self, edge: str, emission: Emission, round_: int, step: int, phases, expected, timeout: float,
-                  drop=lambda edges: None) -> pb.Envelope | None:
+                  drop=lambda edges: None) -> list[pb.Envelope] | None:
         """Add `edge`'s emission to its slot and wait until the slot closes; `expected()` names the edges still
         worth waiting for (live, not given up). An edge the slot closed without is handed to `drop` (the cloud stops
         waiting for it in this round's later slots and results, so one silent edge costs one slot's wait, not every
@@ -250,16 +279,9 @@ class Medium:
             sums = [v for e in edges for v in slot.emissions[e].model_sums.values()]
             self.distinct[round_] = len(set(sums))
         at = {n: i for i, n in enumerate(listen)}
+        meta = pb.Meta(round=round_, step=step, phase=phase.kind, sender_id="medium")
         for e in edges:
-            mine = slot.emissions[e].listen
-            out = pb.Envelope(meta=pb.Meta(round=round_, step=step, phase=phase.kind, sender_id="medium"))
-            for n in mine:
-                out.tensors.append(wire.encode(res.rows[at[n]], "float32", n))
-            if mine:
-                first = at[mine[0]]
-                out.scalars.update(n_active=float(res.n_active[first]), E=float(res.E[first]),
-                                   sigma_sum=float(res.sigma_sum[first]), mu_mean=float(res.mu_mean[first]), psi=psi)
-            slot.replies[e] = out
+            slot.replies[e] = reply_envelopes(meta, res, [at[n] for n in slot.emissions[e].listen], listen, psi)
         if phase.kind == plans.AIR_MODEL_SYNC and group and step == air.air_steps(phases)[-1]:
             self._round_models(round_, step, res, psi)
         self.seconds += time.monotonic() - started
@@ -325,6 +347,7 @@ class Medium:
         top = self.plane.topology
         return {"model": self.cfg.channel.model, "weighting": self.cfg.channel.weighting, "edges_in_plane": top.n_edges, "collaborating": top.collaborating,
                 "devices_in_plane": top.n_devices, "rho": self.plane.rho, "psi_mode": self.plane.psi_mode,
+                "receiver": self.plane.receiver, "estimator": estimator_label(self.plane.receiver, self.plane.psi_mode, self.plane.exact),
                 "psi_closed_form": self.plane.psi, "psi_empirical": self.psi_mean if self.psi_count else None,
                 "beta": self.plane.beta, "interferers": self.cfg.channel.interferers,
                 "evaluated": "accuracy: the ideal global model (exact mean of the transmitted models, eq. 11); "

@@ -74,7 +74,7 @@ class DigitalCloud:
                                          topology.edge_index(edge), round_, envelope.meta.step)
         return Accepted(delta, {}, [])
 
-    async def air(self, edge: str, envelope: pb.Envelope, round_: int, phases) -> pb.Envelope | None:
+    async def air(self, edge: str, envelope: pb.Envelope, round_: int, phases) -> list[pb.Envelope] | None:
         raise wire.WireError(grpc.StatusCode.FAILED_PRECONDITION,
                              f"{self.cfg.run.algorithm} does not run on the wireless medium", "no_medium")
 
@@ -171,7 +171,7 @@ class AirCloud(DigitalCloud):
                                  "model: the medium holds the round's models", "bad_tensors")
         return Accepted(np.zeros(0, np.float32), {}, [])
 
-    async def air(self, edge: str, envelope: pb.Envelope, round_: int, phases) -> pb.Envelope | None:
+    async def air(self, edge: str, envelope: pb.Envelope, round_: int, phases) -> list[pb.Envelope] | None:
         try:
             emission = self.medium.parse(envelope, round_, phases)
         except wire.WireError as exc:  # an authenticated edge with nothing valid for this slot: do not wait for it

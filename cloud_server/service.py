@@ -192,10 +192,9 @@ class CloudServer(Gate, pbg.CloudServiceServicer):
         self.bytes_up += size
         if reply is None:  # not a retryable code: the edge must not take it for a lost cloud
             await context.abort(grpc.StatusCode.ABORTED, "the medium failed on this slot (see the cloud's log)")
-        payload = reply.SerializeToString()
-        for chunk in wire.to_chunks(payload, self.chunk_bytes):
+        for chunk in wire.to_frames(reply, self.chunk_bytes):  # a head, then one envelope per device
+            self.bytes_down += len(chunk.data)
             yield chunk
-        self.bytes_down += len(payload)
 
     def _expected_edges(self) -> list[str]:
         """The edges still worth waiting for in a shared slot: live or within their grace, not given up."""

@@ -127,20 +127,47 @@ def chunked(envelope: pb.Envelope, chunk_bytes: int) -> list[pb.Chunk]:
 
 
 async def read_envelope(chunks: AsyncIterator[pb.Chunk], max_bytes: int) -> tuple[pb.Envelope, int]:
-    """Reassemble a chunk stream, refusing payloads over `max_bytes` before they are buffered whole."""
-    parts = []
-    size = 0
+    """Reassemble a chunk stream of one envelope, refusing payloads over `max_bytes` before they are buffered whole."""
+    envelopes, size = await read_envelopes(chunks, max_bytes, 1)
+    return envelopes[0], size
+
+
+def to_frames(envelopes, chunk_bytes: int) -> Iterator[pb.Chunk]:
+    """Several envelopes on one chunk stream: each one's chunks, its last marked `end` (read_envelopes splits there)."""
+    for envelope in envelopes:
+        chunks = list(to_chunks(envelope.SerializeToString(), chunk_bytes))
+        chunks[-1].end = True
+        yield from chunks
+
+
+async def read_envelopes(chunks: AsyncIterator[pb.Chunk], max_bytes: int, max_count: int) -> tuple[list[pb.Envelope], int]:
+    """Reassemble a stream of to_frames: each envelope refused over `max_bytes` before it is buffered whole, the stream
+    refused past `max_count` envelopes; bytes after the last `end` (or an empty stream) make one more envelope.
+    Returns (envelopes, bytes)."""
+    out, parts, size, total = [], [], 0, 0
+
+    def close() -> None:
+        if len(out) >= max_count:
+            raise WireError(grpc.StatusCode.RESOURCE_EXHAUSTED, f"more than {max_count} envelopes in the stream",
+                            "oversized")
+        out.append(parse_envelope(parts[0] if len(parts) == 1 else b"".join(parts)))  # one chunk: parsed in place
+
     try:
         async for chunk in chunks:
             size += len(chunk.data)
             if size > max_bytes:
                 raise WireError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                f"payload exceeds the {max_bytes} byte limit", "oversized")
+                                f"payload {len(out)} of the stream exceeds the {max_bytes} byte limit", "oversized")
             parts.append(chunk.data)
+            if chunk.end:
+                close()
+                total, parts, size = total + size, [], 0
     except DecodeError as exc:  # gRPC's own parse of a stream message that is not a Chunk
         raise WireError(grpc.StatusCode.INVALID_ARGUMENT, f"malformed stream message: {str(exc)[:200]}",
                         "malformed") from None
-    return parse_envelope(parts[0] if len(parts) == 1 else b"".join(parts)), size  # one chunk: parsed in place
+    if parts or not out:
+        close()
+    return out, total + size
 
 
 def parse_envelope(payload: bytes) -> pb.Envelope:

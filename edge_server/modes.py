@@ -32,7 +32,7 @@ class EdgePorts:
     links: dict                 # uplink, downlink, backhaul (common.pipeline.Link)
     chunk_bytes: int
     clock: object               # common.channel.round_clock.EdgeClock
-    air_call: Callable[[list, str], Awaitable[pb.Envelope]]  # a shared slot on the cloud's medium (with reconnects)
+    air_call: Callable[[list, str], Awaitable[list[pb.Envelope]]]  # a shared slot on the cloud's medium (reconnects)
 
 
 class DigitalEdge:
@@ -252,7 +252,10 @@ class AirEdge(DigitalEdge):
         chunks = list(wire.chunked(emission, self.ports.chunk_bytes))
         try:
             reply = await self.ports.air_call(chunks, f"air slot of round {ctx.round} phase {step}")
-            rows = {t.name: t for t in reply.tensors}  # each device decodes and checks its own row
+            if not reply:
+                raise wire.WireError(grpc.StatusCode.INTERNAL, "the medium sent an empty reply", "air_reply")
+            head = reply[0]  # then one envelope per device (cloud_server.medium.reply_envelopes)
+            rows = {t.name: t for part in reply[1:] for t in part.tensors}  # each device decodes and checks its own row
             for n in nodes:
                 if n not in rows:
                     raise wire.WireError(grpc.StatusCode.INTERNAL, f"the medium sent nothing for {n}", "air_reply")
@@ -266,7 +269,7 @@ class AirEdge(DigitalEdge):
             tensor = pb.Tensor()
             tensor.CopyFrom(rows[n])
             tensor.name = "air"
-            out = pb.Envelope(meta=meta, tensors=[tensor], scalars=dict(reply.scalars))
+            out = pb.Envelope(meta=meta, tensors=[tensor], scalars=dict(head.scalars))
             payload = out.SerializeToString()
             barrier.replies[n] = (list(wire.to_chunks(payload, self.ports.chunk_bytes)), len(payload))
         self.ports.clock.air_phase(step, barrier.contributions, self.plane, self.dim)

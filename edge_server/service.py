@@ -282,10 +282,10 @@ class EdgeServer(Gate, pbg.EdgeServiceServicer):
                 self.cloud.lost()
                 await self.cloud.backoff.sleep()
 
-    async def _air_call(self, chunks: list, what: str) -> pb.Envelope:
+    async def _air_call(self, chunks: list, what: str) -> list[pb.Envelope]:
         async def call():
             stream = self.cloud.stub.Air(iter(chunks), metadata=self.cloud.metadata)
-            return (await wire.read_envelope(stream, self.max_bytes))[0]
+            return (await wire.read_envelopes(stream, self.max_bytes, 1 + len(self.members)))[0]
 
         return await self._cloud_call(call, what)
 

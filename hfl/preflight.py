@@ -1,9 +1,10 @@
 """Checks of a config that need data or a model but no running node, done before any process starts
 (`hfl run`, `hfl config`, `hfl sweep --dry-run`, the Testbed): the dataset is there, every device gets samples,
-the model accepts the data's shape, and a latency.auto_tau_gamma deadline fits the model's T_di. Each failure
-is a ConfigError naming the key to change."""
+the model accepts the data's shape, a latency.auto_tau_gamma deadline fits the model's T_di, and an air run's
+messages fit net.max_message_mb. Each failure is a ConfigError naming the key to change."""
 from __future__ import annotations
 
+from hfl.common.channel.config import check_air_messages
 from hfl.common.config import Config, ConfigError
 
 _checked: dict[str, dict] = {}
@@ -21,6 +22,7 @@ def preflight(cfg: Config) -> dict:
     key = json.dumps([d["data"], d["model"], d["topology"], d["run"]["seed"], d["run"]["plugins"]], sort_keys=True)
     if key in _checked:
         check_model_deadline(cfg, _checked[key])
+        check_air_messages(cfg, _checked[key]["parameters"])
         return _checked[key]
     from hfl.common.data import DataError, load_dataset
     from hfl.common.partition import partition
@@ -59,6 +61,7 @@ def preflight(cfg: Config) -> dict:
     _checked[key] = {"num_classes": data.num_classes, "train_samples": len(data.x_train),
                      "input_shape": tuple(data.input_shape), "parameters": sum(p.numel() for p in model.parameters())}
     check_model_deadline(cfg, _checked[key])
+    check_air_messages(cfg, _checked[key]["parameters"])
     return _checked[key]
 
 

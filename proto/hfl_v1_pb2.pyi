@@ -204,10 +204,12 @@ class MemberState(_message.Message):
     def __init__(self, id: _Optional[str] = ..., state: _Optional[int] = ..., last_seen_s: _Optional[float] = ..., refused: _Optional[int] = ..., round_s: _Optional[float] = ..., rejoins: _Optional[int] = ...) -> None: ...
 
 class Chunk(_message.Message):
-    __slots__ = ("data",)
+    __slots__ = ("data", "end")
     DATA_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
     data: bytes
-    def __init__(self, data: _Optional[bytes] = ...) -> None: ...
+    end: bool
+    def __init__(self, data: _Optional[bytes] = ..., end: bool = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
     __slots__ = ("run_id", "node_id", "num_samples", "rejoin", "trust")

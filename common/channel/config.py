@@ -150,6 +150,26 @@ def validate_air_mode(config, algorithm, default_pipeline) -> None:
         raise ConfigError(f"channel.window_radius / channel.lambda_p: {exc}") from None
 
 
+AIR_ENVELOPE_SLACK = 64 << 10  # an envelope's meta, names and scalars beside its float32 rows (a few KiB at M = 100)
+
+
+def air_message_bytes(devices_per_edge: int, dim: int) -> int:
+    """The largest message of an air round: an edge's emission to the medium (up to M normalised float32 payloads of
+    d values); the medium's reply is split per device (2 x d x 4 bytes each, cloud_server.medium.reply_envelopes)."""
+    return max(devices_per_edge, 2) * 4 * dim + AIR_ENVELOPE_SLACK
+
+
+def check_air_messages(config, dim: int) -> None:
+    """At load time, once d is known (preflight, the medium's start): every air message fits net.max_message_mb."""
+    if config.channel.model not in ("ota", "orthogonal"):
+        return
+    need = air_message_bytes(config.topology.devices_per_edge, dim)
+    if need > config.net.max_message_mb << 20:
+        raise ConfigError(f"net.max_message_mb = {config.net.max_message_mb}: an edge's air emission of "
+                          f"{config.topology.devices_per_edge} devices x d = {dim:,} float32 values needs "
+                          f"{-(-need // (1 << 20))} MiB; raise it (or use fewer devices per edge)")
+
+
 def validate_sections(config) -> None:
     validate_channel(config.channel, config.clock)
 

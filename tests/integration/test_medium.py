@@ -140,3 +140,23 @@ def test_d_y_weighting_on_orthogonal_links(hfl_testbed):
     assert all(r["accuracy"] == r["accuracy_reference"] == r["accuracy_device_mean"] for r in rows)
     assert all(r["model_spread"] == 0 for r in rows) and rows[-1]["accuracy"] > 0.3
     assert [r["loss"] for r in rows] != [r["loss"] for r in equal.metrics()]
+
+
+def test_paper_scale_medium_replies_go_per_device(hfl_testbed):
+    """Paper 003's scale on the medium: M = 15 devices per cluster, its MNIST CNN (d = 225,034), one round on tiny
+    data, under a 14 MiB message cap: an edge's emission (at most 15 x d x 4 bytes, 12.9 MiB) fits, a whole reply to
+    an edge (15 x 2 x d x 4 bytes, 25.8 MiB) would not, so the round completes only because the medium's reply goes
+    per device (cloud_server.medium.reply_envelopes)."""
+    tb = hfl_testbed(overrides=["topology.edges=3", "topology.devices_per_edge=15", "channel.model=ota",
+                                "run.algorithm=multiairfed", "model.name=ota-cnn", "data.dataset=synthetic",
+                                "data.synthetic_samples=3000", "data.max_test_samples=200", "train.batch_size=8",
+                                "train.tau=1", "train.gamma=1", "run.rounds=1", "net.max_message_mb=14",
+                                "net.phase_timeout_s=300", "net.join_timeout_s=300"])
+    summary = tb.wait(timeout=900)
+    (row,) = tb.metrics()
+    assert summary["model_parameters"] == 225_034 and summary["devices"] == 45
+    assert row["air_slots"] == 2 and row["air_transmitters"] == row["air_active_expected"] > 15
+    assert row["air_missing"] == 0 and row["air_edges_dropped"] == 0 and summary["refused"] == 0
+    # every listener of both slots got its 2 x d float32 row: at least 45 x 2 x d x 4 bytes down through the medium
+    assert summary["bytes_down"] > 45 * 2 * 225_034 * 4
+    assert row["accuracy_reference"] is not None

@@ -206,9 +206,9 @@ def test_the_medium_refuses_bad_emissions_and_closed_slots(tmp_path):
         return replies
 
     replies = asyncio.run(close_slot())
-    for e, reply in enumerate(replies):
-        assert sorted(t.name for t in reply.tensors) == [f"dev-{4 * e + k:05d}" for k in range(4)]
-        assert reply.scalars["n_active"] >= 1 and reply.scalars["E"] > 0
+    for e, (head, *rows) in enumerate(replies):  # a head, then one envelope per device
+        assert [t.name for r in rows for t in r.tensors] == [f"dev-{4 * e + k:05d}" for k in range(4)]
+        assert head.scalars["n_active"] >= 1 and head.scalars["E"] > 0 and not head.tensors
     assert _code(lambda: medium.parse(env, 0, phases)) == grpc.StatusCode.FAILED_PRECONDITION  # slot closed
     cols = medium.round_columns(0, {})
     assert cols["air_slots"] == 1 and cols["air_transmitters"] == cols["air_active_expected"]
@@ -295,7 +295,7 @@ def test_the_slot_barrier_survives_a_cancelled_closer_and_skips_refused_edges(tm
         return replies, later, time.monotonic() - started
 
     replies, later, seconds = asyncio.run(scenario())
-    assert all(r is not None and len(r.tensors) == 4 for r in replies + later)
+    assert all(r is not None and len(r) == 5 for r in replies + later)  # head + 4 devices
     assert seconds < 5
 
 
@@ -379,3 +379,15 @@ def test_dy_weighted_orthogonal_slot_is_the_weighted_mean(group):
     with pytest.raises(ValueError, match="orthogonal"):
         medium_fn.air_slot(air.plane_for(_cfg()), 0, step, group, bar, tx, mu, sigma, listen,
                            air.alive(plane, phases, 0, step), np.random.default_rng(0), samples=D)
+
+
+@pytest.mark.parametrize("overrides, label", [
+    (["channel.receiver=mmse", "channel.psi_mode=paper"], "paper: MMSE receiver of eqs. 27 / 35"),
+    ([], "corrected: unbiased receiver"),
+    (["channel.receiver=mmse-gradients", "channel.psi_mode=paper"], "mixed: receiver mmse-gradients, Psi paper"),
+    (["channel.model=orthogonal", "channel.receiver=mmse"], "orthogonal: exact means"),
+])
+def test_the_summary_labels_the_paper_and_the_corrected_estimator(tmp_path, overrides, label):
+    described = Medium(_cfg(*overrides), tmp_path, dim=64).describe()
+    assert described["estimator"].startswith(label)
+    assert described["receiver"] == _cfg(*overrides).channel.receiver

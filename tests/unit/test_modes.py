@@ -1,13 +1,12 @@
 """Round modes (common/modes.py): the registry, each tier's class, the config check against channel.model, the
 example plugin mode, and the services' promise to hold no mode flag."""
-import importlib.util
 import pathlib
 import re
 
 import numpy as np
 import pytest
 
-from hfl.common import modes, plans
+from hfl.common import modes, plans, plugins
 from hfl.common.config import ConfigError, load
 
 ROOT = pathlib.Path(__file__).parents[2]
@@ -37,13 +36,9 @@ def test_the_mode_decides_the_channel_model(overrides, message):
 
 
 def _plugin():
-    spec = importlib.util.spec_from_file_location("sign_vote_mode_test", ROOT / "examples" / "sign_vote_mode.py")
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except ValueError:  # registered already by an earlier import in this process
-        pass
-    return module
+    # the loader `run.plugins` uses: one module per file in a process, so a later `run.plugins` naming the same file
+    # (tests/integration/test_plugins.py, on the same xdist worker or not) finds it instead of registering twice
+    return plugins._import_file(str(ROOT / "examples" / "sign_vote_mode.py"))
 
 
 def test_sign_vote_is_the_majority_sign_at_the_mean_step():

@@ -169,15 +169,27 @@ def test_servers_report_serving_during_a_run(hfl_testbed):
     tb.wait(timeout=300)
 
 
-def test_hfl_run_over_mutual_tls(tmp_path):
+@pytest.mark.parametrize("layout", ["per_core", "per_edge"])
+def test_hfl_run_over_mutual_tls(tmp_path, layout):
     out, pki = tmp_path / "run", tmp_path / "pki"
-    sets = [a for s in SMALL + ["run.rounds=2"] for a in ("--set", s)]
+    sets = [a for s in SMALL + ["run.rounds=2", f"topology.host_layout={layout}", "topology.device_hosts=3"]
+            for a in ("--set", s)]
     result = hfl("run", *sets, "--out", str(out), "--certs", str(pki), "--quiet")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert (pki / "ca.pem").exists() and (pki / "nodes" / "devices-001-0.pem").exists()
-    assert json.loads((out / "summary.json").read_text())["final_accuracy"] > 0.5
-    for name in ("cloud", "edge-001", "devices-001-0"):
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["final_accuracy"] > 0.5 and summary["refused"] == 0
+    for name in ("cloud", "edge-001"):
         assert f"transport: mutual TLS with {pki / 'nodes' / name}.pem" in (out / "logs" / f"{name}.log").read_text()
+    if layout == "per_edge":  # one certificate naming the host's devices
+        assert (pki / "nodes" / "devices-001-0.pem").exists()
+        assert f"transport: mutual TLS with {pki / 'nodes' / 'devices-001-0'}.pem" in (out / "logs" / "devices-001-0.log").read_text()
+        return
+    # per core: every device its own certificate, issued once into DIR/devices, and hosts holding devices of both edges
+    manifest = pki / "devices" / "edges-2x3.json"
+    assert sorted(p.name for p in (pki / "devices").glob("*.pem")) == [f"dev-{g:05d}.pem" for g in range(6)]
+    logs = [(out / "logs" / f"devices-c{h}.log").read_text() for h in range(3)]
+    assert all(f"transport: mutual TLS, a certificate per device ({manifest})" in log for log in logs)
+    assert "2 devices (dev-00002..dev-00003) of 2 edge(s)" in logs[1]
 
 
 def test_sigterm_stops_every_process(tmp_path):

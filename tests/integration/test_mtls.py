@@ -32,6 +32,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from hfl.common import certs, wire
+from hfl.testbed_certs import testbed_tls_args
 from hfl.common.tls import Admission, TlsOptions
 from hfl.proto import hfl_v1_pb2 as pb
 from hfl.proto import hfl_v1_pb2_grpc as pbg
@@ -361,7 +362,7 @@ def test_testbed_certificates_match_the_topology(tmp_path):
     from hfl.common import config
 
     cfg = config.load(None, ["topology.edges=2", "topology.devices_per_edge=5", "topology.hosts_per_edge=2"])
-    args = certs.testbed_tls_args(tmp_path, cfg)
+    args = testbed_tls_args(tmp_path, cfg)
     assert sorted(args) == ["cloud", "devices-000-0", "devices-000-1", "devices-001-0", "devices-001-1", "edge-000", "edge-001"]
     names = {name: certs.identity_of(certs.load_cert(flags[3])).name for name, flags in args.items()}
     assert names["edge-001"] == "edge-001" and names["cloud"] == "cloud"

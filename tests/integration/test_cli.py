@@ -169,6 +169,18 @@ def test_servers_report_serving_during_a_run(hfl_testbed):
     tb.wait(timeout=300)
 
 
+def test_hfl_certs_devices_issues_a_certificate_per_device_once(tmp_path):
+    assert hfl("certs", "init", "--dir", str(tmp_path)).returncode == 0
+    first = hfl("certs", "devices", "--edges", "2", "--devices-per-edge", "3", "--dir", str(tmp_path))
+    manifest = tmp_path / "devices" / "edges-2x3.json"
+    assert first.returncode == 0 and f"{manifest}: 6 devices of 2 edges, a certificate each (6 issued, 0 kept)" in first.stdout
+    again = hfl("certs", "devices", "--edges", "2", "--devices-per-edge", "3", "--dir", str(tmp_path))
+    assert "(0 issued, 6 kept)" in again.stdout
+    assert json.loads(manifest.read_text())["edges"] == {"edge-000": ["dev-00000..dev-00002"], "edge-001": ["dev-00003..dev-00005"]}
+    shown = hfl("certs", "show", str(tmp_path / "devices" / "dev-00004.pem"))
+    assert "CN=dev-00004,OU=device,O=hfl" in shown.stdout
+
+
 @pytest.mark.parametrize("layout", ["per_core", "per_edge"])
 def test_hfl_run_over_mutual_tls(tmp_path, layout):
     out, pki = tmp_path / "run", tmp_path / "pki"

@@ -22,6 +22,8 @@ import os
 import pathlib
 from dataclasses import dataclass
 
+from cryptography.hazmat.primitives import serialization
+
 from . import certs, topology
 
 MIN_LEFT = datetime.timedelta(days=30)  # a cached certificate closer than this to its end is issued again
@@ -113,8 +115,6 @@ def write_manifest(path: str | os.PathLike, edges: dict[str, list[str]], certs_r
 
 def _usable(cert_path: pathlib.Path, key_path: pathlib.Path, device: str, ca_cert, now: datetime.datetime) -> bool:
     """A cached pair still serves: it names `device`, the CA signed it, it is valid a while longer, the key fits."""
-    from cryptography.hazmat.primitives import serialization
-
     try:
         cert = certs.load_cert(cert_path)
         ident = certs.identity_of(cert)

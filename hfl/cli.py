@@ -228,7 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="run directory (default: runs/NAME-TIMESTAMP)")
     p.add_argument("--quiet", action="store_true", help="no live progress, one line per round")
     p.add_argument("--certs", metavar="DIR", help="mutual TLS between all processes: CA in DIR (created if missing), "
-                                                  "a certificate per node in DIR/nodes")
+                                                  "a certificate per node in DIR/nodes and per device in DIR/devices "
+                                                  "(issued once, kept)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint (same run id, "
                                                         "config from RUN_DIR/config.toml)")
     p.add_argument("--force", action="store_true", help="start over in a run directory that already holds a run")

@@ -147,6 +147,7 @@ class MemorySampler(threading.Thread):
         self.bed = bed
         self.peak_rss = 0
         self.peak_pss = 0
+        self.pss_at_peak: dict[str, int] = {}  # node -> its PSS in the sample of the peak sum
         self.first_checkpoint: float | None = None  # wall-clock mtime of the first checkpoint (end of round 0)
         self.stop = threading.Event()
 
@@ -158,13 +159,17 @@ class MemorySampler(threading.Thread):
     def poll(self) -> None:
         """One sample: the summed memory of the processes; the first checkpoint's time once it exists."""
         rss = pss = 0
+        each = {}
         for node in list(self.bed.nodes.values()):
             try:
                 info = psutil.Process(node.proc.pid).memory_full_info()
                 rss += info.rss
-                pss += getattr(info, "pss", info.rss)
+                each[node.name] = getattr(info, "pss", info.rss)
+                pss += each[node.name]
             except (psutil.Error, AttributeError):
                 pass
+        if pss > self.peak_pss:
+            self.pss_at_peak = each
         self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
         if self.first_checkpoint is None:
             try:
@@ -173,9 +178,10 @@ class MemorySampler(threading.Thread):
                 pass
 
 
-def emulated(overrides: list[str], sample_memory: bool = False) -> dict:
+def emulated(overrides: list[str], sample_memory: bool = False, certs: str | None = None) -> dict:
+    """One testbed run (under mutual TLS with `certs`, a CA directory): round time, start-up, memory."""
     with tempfile.TemporaryDirectory() as tmp, Testbed(None, overrides, run_dir=pathlib.Path(tmp) / "run",
-                                                     start_timeout=900) as bed:
+                                                     start_timeout=900, certs=certs) as bed:
         launched = time.time()
         started = time.monotonic()
         sampler = MemorySampler(bed) if sample_memory else None
@@ -196,12 +202,26 @@ def emulated(overrides: list[str], sample_memory: bool = False) -> dict:
         "final_accuracy": summary["final_accuracy"],
         "device_hosts": hosts,
         "processes": processes,
+        "summary_startup_seconds": summary.get("startup_seconds"),  # the cloud's: launch to round 0
+        "refused": summary.get("refused"),
     }
     if first_checkpoint is not None:  # the checkpoint of round 0 is written when round 0 ends
         out["startup_seconds"] = first_checkpoint - launched - rows[0]["round_seconds"]
     if sampler:
         out["peak_rss_bytes"] = sampler.peak_rss
         out["peak_pss_bytes"] = sampler.peak_pss
+        out["pss_at_peak_by_role"] = by_role(sampler.pss_at_peak)
+    return out
+
+
+def by_role(pss: dict[str, int]) -> dict[str, dict]:
+    """Per role (cloud, edge, devices): processes, summed and largest PSS in MiB."""
+    out: dict[str, dict] = {}
+    for name, value in pss.items():
+        role = out.setdefault(name.split("-")[0], {"processes": 0, "pss_mib": 0.0, "largest_mib": 0.0})
+        role["processes"] += 1
+        role["pss_mib"] = round(role["pss_mib"] + value / 2 ** 20, 1)
+        role["largest_mib"] = round(max(role["largest_mib"], value / 2 ** 20), 1)
     return out
 
 

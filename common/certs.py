@@ -1,8 +1,8 @@
 """Certificates for mutual TLS: one CA (`hfl certs init`) signs every node (`hfl certs issue ROLE ID`).
 
 A node certificate's subject is O=hfl, OU=<role>, CN=<id>. The roles are cloud, edge and device. A device
-certificate may name one device or a contiguous range, CN=dev-00000..dev-00009: a device host process
-emulates many devices over one TLS identity, and its certificate names exactly the devices it may speak for.
+certificate names one device (each device presents its own: common/device_certs.py) or a contiguous range,
+CN=dev-00000..dev-00009, that a device host of one edge presents for all its devices (an edge site).
 
 Server certificates (cloud, edge) carry their role's fixed name (cloud.hfl, edge.hfl) as a DNS name:
 clients check that name through grpc.ssl_target_name_override, so a server can be reached at any address
@@ -96,6 +96,13 @@ def identity_from_pem(pem: bytes) -> Identity:
     return identity_of(x509.load_pem_x509_certificate(pem))
 
 
+def read_bytes(path: str | os.PathLike, what: str) -> bytes:
+    try:
+        return pathlib.Path(path).read_bytes()
+    except OSError as exc:
+        raise CertError(f"cannot read the {what} {path}: {exc.strerror}") from None
+
+
 def load_cert(path: str | os.PathLike) -> x509.Certificate:
     try:
         return x509.load_pem_x509_certificate(pathlib.Path(path).read_bytes())
@@ -122,7 +129,7 @@ def check_signed_by(cert: x509.Certificate, ca: x509.Certificate, what: str) -> 
 
 def _write_private(path: pathlib.Path, data: bytes) -> None:
     """Write a key readable by its owner only (created 0600, never world-readable even for a moment)."""
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # per process: two launchers may share a folder
     tmp.unlink(missing_ok=True)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as f:
@@ -130,8 +137,8 @@ def _write_private(path: pathlib.Path, data: bytes) -> None:
     tmp.replace(path)
 
 
-def _write_public(path: pathlib.Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+def write_public(path: pathlib.Path, data: bytes) -> None:
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # per process: two launchers may share a folder
     tmp.write_bytes(data)
     tmp.chmod(0o644)
     tmp.replace(path)
@@ -173,7 +180,7 @@ def init_ca(directory: str | os.PathLike, force: bool = False, days: int = CA_DA
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
             .sign(key, hashes.SHA256()))
     _write_private(key_path, _key_pem(key))
-    _write_public(cert_path, _cert_pem(cert))
+    write_public(cert_path, _cert_pem(cert))
     return cert_path, True
 
 
@@ -184,22 +191,20 @@ def _san_entry(text: str) -> x509.GeneralName:
         return x509.DNSName(text)
 
 
-def issue(directory: str | os.PathLike, role: str, node_id: str, sans: tuple[str, ...] | list[str] = (),
-          name: str | None = None, days: int = NODE_DAYS, out_dir: str | os.PathLike | None = None
-          ) -> tuple[pathlib.Path, pathlib.Path]:
-    """Issue a node certificate signed by the CA in `directory`; writes OUT/NAME.pem and OUT/NAME.key.
-
-    NAME defaults to the id (for a device range, the range text); OUT defaults to `directory`.
-    """
-    ident = parse_identity(role, node_id)
+def load_ca(directory: str | os.PathLike):
+    """The CA certificate and key in `directory` (a CertError when there is none)."""
     d = pathlib.Path(directory)
     if not (d / CA_KEY).exists():
         raise CertError(f"no CA in {d} (run `hfl certs init --dir {d}` first)")
-    ca_cert = load_cert(d / CA_CERT)
-    ca_key = serialization.load_pem_private_key((d / CA_KEY).read_bytes(), password=None)
+    return load_cert(d / CA_CERT), serialization.load_pem_private_key((d / CA_KEY).read_bytes(), password=None)
+
+
+def sign(ca_cert: x509.Certificate, ca_key, ident: Identity, sans: tuple[str, ...] | list[str] = (),
+         days: int = NODE_DAYS) -> tuple[bytes, bytes]:
+    """A new P-256 key and the node certificate naming `ident`, signed by the CA: (certificate PEM, key PEM)."""
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, ORGANIZATION),
-                         x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, role),
+                         x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, ident.role),
                          x509.NameAttribute(NameOID.COMMON_NAME, ident.name)])
     start, end = _validity(days)
     builder = (x509.CertificateBuilder()
@@ -215,21 +220,37 @@ def issue(directory: str | os.PathLike, role: str, node_id: str, sans: tuple[str
                .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
                .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_cert.public_key()), critical=False))
     names: list[str] = []
-    if role in SERVER_NAMES:
-        names = [SERVER_NAMES[role], f"{ident.name}.hfl", "localhost", "127.0.0.1", "::1"]
+    if ident.role in SERVER_NAMES:
+        names = [SERVER_NAMES[ident.role], f"{ident.name}.hfl", "localhost", "127.0.0.1", "::1"]
     names = list(dict.fromkeys(names + [s for s in sans if s]))
     if names:
         builder = builder.add_extension(x509.SubjectAlternativeName([_san_entry(s) for s in names]), critical=False)
-    cert = builder.sign(ca_key, hashes.SHA256())
-    out = pathlib.Path(out_dir) if out_dir is not None else d
-    out.mkdir(parents=True, exist_ok=True)
-    base = name or ident.name
+    return _cert_pem(builder.sign(ca_key, hashes.SHA256())), _key_pem(key)
+
+
+def write_pair(out: pathlib.Path, base: str, cert_pem: bytes, key_pem: bytes) -> tuple[pathlib.Path, pathlib.Path]:
+    """OUT/BASE.pem and OUT/BASE.key (the key first: a certificate on disk always has its key)."""
     if "/" in base or base.startswith("."):
         raise CertError(f"bad file name {base!r}")
+    out.mkdir(parents=True, exist_ok=True)
     cert_path, key_path = out / f"{base}.pem", out / f"{base}.key"
-    _write_private(key_path, _key_pem(key))
-    _write_public(cert_path, _cert_pem(cert))
+    _write_private(key_path, key_pem)
+    write_public(cert_path, cert_pem)
     return cert_path, key_path
+
+
+def issue(directory: str | os.PathLike, role: str, node_id: str, sans: tuple[str, ...] | list[str] = (),
+          name: str | None = None, days: int = NODE_DAYS, out_dir: str | os.PathLike | None = None
+          ) -> tuple[pathlib.Path, pathlib.Path]:
+    """Issue a node certificate signed by the CA in `directory`; writes OUT/NAME.pem and OUT/NAME.key.
+
+    NAME defaults to the id (for a device range, the range text); OUT defaults to `directory`.
+    """
+    ident = parse_identity(role, node_id)
+    ca_cert, ca_key = load_ca(directory)
+    cert_pem, key_pem = sign(ca_cert, ca_key, ident, sans, days)
+    out = pathlib.Path(out_dir) if out_dir is not None else pathlib.Path(directory)
+    return write_pair(out, name or ident.name, cert_pem, key_pem)
 
 
 def describe(path: str | os.PathLike) -> str:
@@ -241,30 +262,3 @@ def describe(path: str | os.PathLike) -> str:
         alt = "-"
     return (f"{path}: {cert.subject.rfc4514_string()}; issuer {cert.issuer.rfc4514_string()}; "
             f"valid to {cert.not_valid_after_utc:%Y-%m-%d}; names: {alt}")
-
-
-def testbed_tls_args(directory: str | os.PathLike, cfg) -> dict[str, list[str]]:
-    """Mutual TLS for every process of a local testbed (`hfl run`, hfl.testbed.Testbed): creates the CA in
-    `directory` when missing, issues one certificate per node into `directory`/nodes, and returns the
-    --ca/--cert/--key arguments keyed by the Testbed's node names (cloud, edge-NNN, devices-EEE-H)."""
-    d = pathlib.Path(directory)
-    init_ca(d)
-    nodes = d / "nodes"
-
-    def flags(name: str) -> list[str]:
-        return ["--ca", str(d / CA_CERT), "--cert", str(nodes / f"{name}.pem"), "--key", str(nodes / f"{name}.key")]
-
-    issue(d, "cloud", "cloud", out_dir=nodes)
-    args = {"cloud": flags("cloud")}
-    hosts = cfg.topology.hosts_per_edge
-    for e in range(cfg.topology.edges):
-        edge = topology.edge_id(e)
-        issue(d, "edge", edge, out_dir=nodes)
-        args[edge] = flags(edge)
-        members = topology.edge_members(cfg, e)
-        for h in range(hosts):
-            ids = topology.host_slice(members, h, hosts) or members  # a host without devices only says hello
-            name = f"devices-{e:03d}-{h}"
-            issue(d, "device", device_range(topology.device_index(ids[0]), len(ids)), name=name, out_dir=nodes)
-            args[name] = flags(name)
-    return args

@@ -15,26 +15,21 @@ Two layers refuse a peer:
 Without certificates everything is plaintext, as for `hfl run`. The environment supplies defaults, for
 containers: HFL_CA, HFL_CERT, HFL_KEY (paths), HFL_TLS=required (refuse to start without them; the image
 sets it) or HFL_TLS=off (plaintext even if the variables are set), HFL_TLS_SERVER_NAME (name a probe or
-client expects in the server's certificate; default cloud.hfl / edge.hfl by role).
+client expects in the server's certificate; default cloud.hfl / edge.hfl by role). A device host may take
+--device-certs MANIFEST (or HFL_DEVICE_CERTS) instead of --cert/--key: a certificate per device
+(common/device_certs.py, common/host_credentials.py).
 """
 from __future__ import annotations
 
 import os
-import pathlib
 from dataclasses import dataclass
 
 from . import certs, topology
 
 ENV = {"ca": "HFL_CA", "cert": "HFL_CERT", "key": "HFL_KEY"}
+DEVICE_CERTS_ENV = "HFL_DEVICE_CERTS"
 MODE_ENV = "HFL_TLS"
 SERVER_NAME_ENV = "HFL_TLS_SERVER_NAME"
-
-
-def _read(path: str, what: str) -> bytes:
-    try:
-        return pathlib.Path(path).read_bytes()
-    except OSError as exc:
-        raise ValueError(f"cannot read the {what} {path}: {exc.strerror}") from None
 
 
 @dataclass(frozen=True)
@@ -43,15 +38,24 @@ class TlsOptions:
     cert: str | None = None
     key: str | None = None
     role: str | None = None  # the process: cloud, edge, devices, probe
+    device_certs: str | None = None  # a device host: a manifest of a certificate per device, instead of cert/key
 
     @classmethod
     def from_args(cls, args, role: str | None = None) -> "TlsOptions":
         given = [getattr(args, k, None) for k in ("ca", "cert", "key")]
+        manifest = getattr(args, "device_certs", None)
         mode = os.environ.get(MODE_ENV, "").strip().lower()
         if mode not in ("", "off", "required", "optional"):
             raise ValueError(f"{MODE_ENV}={mode!r}: expected required, optional or off")
-        if not any(given) and mode != "off":
+        if not any(given) and not manifest and mode != "off":
             given = [os.environ.get(ENV[k]) or None for k in ("ca", "cert", "key")]
+            manifest = os.environ.get(DEVICE_CERTS_ENV) or None if role == "devices" else None
+        if manifest:
+            if given[1] or given[2]:
+                raise ValueError(f"--device-certs (or {DEVICE_CERTS_ENV}) replaces --cert and --key: give one or the other")
+            if not given[0]:
+                raise ValueError(f"--device-certs needs --ca (or {ENV['ca']}), the CA that signs every node")
+            return cls(given[0], role=role, device_certs=manifest)
         if any(given) and not all(given):
             missing = [f"--{k} (or {ENV[k]})" for k, v in zip(("ca", "cert", "key"), given) if not v]
             raise ValueError(f"mutual TLS needs --ca, --cert and --key together; missing {', '.join(missing)}")
@@ -67,7 +71,8 @@ class TlsOptions:
 
     # ---- material -----------------------------------------------------------------------------
     def _material(self) -> tuple[bytes, bytes, bytes, certs.Identity]:
-        ca, cert, key = _read(self.ca, "CA certificate"), _read(self.cert, "certificate"), _read(self.key, "private key")
+        ca, cert, key = (certs.read_bytes(self.ca, "CA certificate"), certs.read_bytes(self.cert, "certificate"),
+                         certs.read_bytes(self.key, "private key"))
         try:
             from cryptography import x509
 
@@ -112,16 +117,29 @@ class TlsOptions:
                 "cloud_credentials": grpc.ssl_channel_credentials(ca, key, cert),
                 "cloud_override_host": os.environ.get(SERVER_NAME_ENV) or certs.SERVER_NAMES["cloud"]}
 
+    @property
+    def described(self) -> str:
+        if not self.enabled:
+            return "plaintext"
+        return f"mutual TLS with {self.cert}" if self.cert else f"mutual TLS, a certificate per device ({self.device_certs})"
+
     def client_kwargs(self) -> dict:
-        """Device host: a TLS client of its edge, presenting a device certificate."""
+        """Device host: a TLS client of its edges, presenting one device certificate (a range of devices) for all
+        its devices, or each device its own (a manifest)."""
         if not self.enabled:
             return {}
         import grpc
 
+        from . import device_certs, host_credentials
+
+        server_name = os.environ.get(SERVER_NAME_ENV) or certs.SERVER_NAMES["edge"]
+        if self.device_certs:
+            return {"identity": host_credentials.DeviceCredentials(
+                certs.read_bytes(self.ca, "CA certificate"), device_certs.load_manifest(self.device_certs), server_name,
+                self.device_certs)}
         ca, cert, key, ident = self._material()
         self._expect_role(ident, "device")
-        return {"credentials": grpc.ssl_channel_credentials(ca, key, cert),
-                "override_host": os.environ.get(SERVER_NAME_ENV) or certs.SERVER_NAMES["edge"]}
+        return {"identity": host_credentials.SharedCredentials(grpc.ssl_channel_credentials(ca, key, cert), server_name)}
 
     def probe_kwargs(self) -> dict:
         """Health probe: any node certificate. The server name it expects: HFL_TLS_SERVER_NAME, else its own

@@ -20,7 +20,12 @@ def edge_ids(cfg) -> list[str]:
 
 
 def edge_members(cfg, edge_index: int) -> list[str]:
-    m = cfg.topology.devices_per_edge
+    return members_of(edge_index, cfg.topology.devices_per_edge)
+
+
+def members_of(edge_index: int, devices_per_edge: int) -> list[str]:
+    """The devices of one edge: `devices_per_edge` consecutive ids."""
+    m = devices_per_edge
     return [device_id(g) for g in range(edge_index * m, (edge_index + 1) * m)]
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from hfl.common import config as config_mod
-from hfl.common import modes, plans, rpc, session, topology, wire
+from hfl.common import host_credentials, modes, plans, rpc, session, topology, wire
 from hfl.common.data import load_dataset
 from hfl.common.models import build, num_parameters
 from hfl.common.partition import partition
@@ -254,45 +254,52 @@ def encode_overrides(device_plan) -> dict:
 
 
 class DeviceHost:
-    """One process emulating devices of one or several edges. `edge_address` is one address or a list:
-    with several, the host takes its share (`host_index` of `hosts`) of the union of their members
-    (topology.union_slice), and every device dials its own edge."""
+    """One process emulating devices of one or several edges. `edge_address` is one address or a list (each
+    HOST:PORT or EDGE_ID=HOST:PORT): the host takes its share (`host_index` of `hosts`) of the union of their
+    members (topology.union_slice), and every device dials its own edge. `identity` says what the devices
+    present (common/host_credentials.py: nothing, one certificate for all, or each its own) and so which
+    edges the host must discover."""
 
-    def __init__(self, edge_address: str | list[str], host_index: int = 0, hosts: int = 1, credentials=None,
-                 override_host: str | None = None, wait_s: float = 300.0):
+    def __init__(self, edge_address: str | list[str], host_index: int = 0, hosts: int = 1, identity=None,
+                 wait_s: float = 300.0):
         self.edge_addresses = [edge_address] if isinstance(edge_address, str) else list(edge_address)
         if not self.edge_addresses:
             raise ValueError("a device host needs at least one edge address")
-        self.edge_address = self.edge_addresses[0]
         self.host_index = host_index
         self.hosts = hosts
-        self.credentials = credentials
-        self.override_host = override_host
+        self.identity = identity if identity is not None else host_credentials.SharedCredentials()
         self.wait_s = wait_s
 
-    async def _discover(self, address: str) -> pb.RegisterReply:
-        probe = rpc.channel(address, 2 << 20, self.credentials, self.override_host)
+    async def _discover(self, dial: host_credentials.Dial) -> pb.RegisterReply:
+        probe = rpc.channel(dial.address, 2 << 20, dial.credentials, self.identity.override_host)
         try:
-            await rpc.wait_serving(probe, self.wait_s, f"edge {address}")
-            return await pbg.EdgeServiceStub(probe).Register(pb.RegisterRequest(node_id=""))
+            await rpc.wait_serving(probe, self.wait_s, f"edge {dial.address}")
+            reply = await pbg.EdgeServiceStub(probe).Register(pb.RegisterRequest(node_id=""))
         finally:
             await probe.close()
+        if dial.edge is not None and reply.cluster_id != dial.edge:
+            raise ValueError(f"{dial.address} serves {reply.cluster_id}, not {dial.edge}")
+        return reply
 
     async def run(self) -> int:
         started = time.monotonic()
         _raise_fd_limit()
-        replies = await asyncio.gather(*(self._discover(a) for a in self.edge_addresses))
+        dials = self.identity.dials(self.edge_addresses, self.host_index, self.hosts)
+        if not dials:
+            log.warning("no devices for host %d of %d", self.host_index, self.hosts)
+            return 0
+        replies = await asyncio.gather(*(self._discover(d) for d in dials))
         cfg = config_mod.from_dict(json.loads(replies[0].spec_json)["config"])
         torch.set_num_threads(cfg.train.torch_threads)
-        ids = topology.union_slice([list(r.members) for r in replies], self.host_index, self.hosts)
+        ids = self.identity.devices(list(zip(dials, replies)), self.host_index, self.hosts)
         clusters = ", ".join(r.cluster_id for r in replies)
         if not ids:
             log.warning("no devices for host %d of %d on %s", self.host_index, self.hosts, clusters)
             return 0
         home = {}  # device -> (its edge's address, its edge's reply)
-        for address, reply in zip(self.edge_addresses, replies):
+        for dial, reply in zip(dials, replies):
             for m in reply.members:
-                home.setdefault(m, (address, reply))
+                home.setdefault(m, (dial.address, reply))
         edges_here = sorted({home[n][1].cluster_id for n in ids})
         log.info("host %d/%d of %s: %d devices (%s..%s) of %d edge(s)", self.host_index, self.hosts, clusters, len(ids),
                  ids[0], ids[-1], len(edges_here))
@@ -307,7 +314,8 @@ class DeviceHost:
             devices = []
             for node in ids:
                 address, reply = home[node]
-                link = Upstream(node, address, chunk, pbg.EdgeServiceStub, self.credentials, self.override_host)
+                link = Upstream(node, address, chunk, pbg.EdgeServiceStub, self.identity.for_device(node),
+                                self.identity.override_host)
                 device = Device(node, cfg, reply.run_id, shards.pop(node), trainer, link, dim, reply.cluster_id)
                 device.rejoin = reply.round >= 0  # the run is under way: this host restarted
                 devices.append(device)

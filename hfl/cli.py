@@ -7,7 +7,7 @@
     hfl cloud | hfl edge | hfl devices ...                        one role (containers, real machines)
     hfl config [CONFIG] [--set ...] [--reference]                 check and print the resolved config, or the key reference
     hfl health ADDRESS                                            probe a server's gRPC health service
-    hfl certs init | issue ROLE ID | show FILE                    mutual TLS: CA and node certificates
+    hfl certs init | issue ROLE ID | devices | show FILE          mutual TLS: CA, node and per-device certificates
     hfl attack [CONFIG] [--set ...]                               gradient inversion (DLG) on a quantized device update
     hfl audit privacy [CONFIG] [--set ...] [--trials N]           empirical lower bound on one release's epsilon
     hfl plan [CONFIG] [--set ...]                                 paper 001's (tau, gamma) for a deadline
@@ -95,7 +95,7 @@ def _tls(args, role: str):
 
     tls = TlsOptions.from_args(args, role)
     if role != "probe":
-        logging.getLogger("hfl").info("transport: %s", f"mutual TLS with {tls.cert}" if tls.enabled else "plaintext")
+        logging.getLogger("hfl").info("transport: %s", tls.described)
     return tls
 
 
@@ -140,6 +140,18 @@ def cmd_certs(args) -> int:
         if args.action == "show":
             for path in args.files:
                 print(certs.describe(path))
+            return 0
+        if args.action == "devices":
+            import pathlib
+
+            from hfl.common import device_certs
+
+            started = time.monotonic()
+            manifest, issued = device_certs.issue_topology(args.dir, args.edges, args.devices_per_edge,
+                                                           args.out or pathlib.Path(args.dir) / "devices")
+            print(f"{manifest}: {args.edges * args.devices_per_edge} devices of {args.edges} edges, a certificate each "
+                  f"({issued} issued, {args.edges * args.devices_per_edge - issued} kept) in "
+                  f"{time.monotonic() - started:.1f}s")
             return 0
         node_id = args.id
         if args.edge is not None:
@@ -216,7 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="run directory (default: runs/NAME-TIMESTAMP)")
     p.add_argument("--quiet", action="store_true", help="no live progress, one line per round")
     p.add_argument("--certs", metavar="DIR", help="mutual TLS between all processes: CA in DIR (created if missing), "
-                                                  "a certificate per node in DIR/nodes")
+                                                  "a certificate per node in DIR/nodes and per device in DIR/devices "
+                                                  "(issued once, kept)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint (same run id, "
                                                         "config from RUN_DIR/config.toml)")
     p.add_argument("--force", action="store_true", help="start over in a run directory that already holds a run")
@@ -265,11 +278,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("devices", help="start one device host (many emulated devices of one or more edges)")
     p.add_argument("--edge", required=True, action="append",
-                   help="edge address HOST:PORT (repeatable: the host takes its share of the union of their devices)")
+                   help="edge address HOST:PORT or EDGE_ID=HOST:PORT (checked on discovery) (repeatable: the host takes "
+                        "its share of the union of their devices)")
     p.add_argument("--host-index", type=int, default=0, help="which share of the (union of the) edges' devices to emulate")
     p.add_argument("--hosts", type=int, default=1, help="how many hosts share those devices")
     p.add_argument("--wait", type=float, default=300.0, help="seconds to wait for the edge to be SERVING")
     _add_tls_args(p)
+    p.add_argument("--device-certs", metavar="MANIFEST",
+                   help="mutual TLS with a certificate per device instead of --cert/--key (with --ca; default "
+                        "$HFL_DEVICE_CERTS): the manifest `hfl certs devices` writes; name each edge address by its "
+                        "id, --edge edge-001=HOST:PORT")
     p.set_defaults(func=cmd_devices)
 
     p = sub.add_parser("watch", help="the progress table of a run started elsewhere (its live page URL or run directory)")
@@ -308,6 +326,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--devices-per-edge", type=int, help="device: topology.devices_per_edge of the run")
     c.add_argument("--host-index", type=int, default=0, help="device: this host's share of the cluster")
     c.add_argument("--hosts", type=int, default=1, help="device: device hosts per edge")
+    c = csub.add_parser("devices", help="a certificate per device of a run (DEVICE.pem, DEVICE.key; kept if still "
+                                        "valid) and the manifest a device host reads (--device-certs)")
+    c.add_argument("--edges", type=int, required=True, help="topology.edges of the run")
+    c.add_argument("--devices-per-edge", type=int, required=True, help="topology.devices_per_edge of the run")
+    c.add_argument("--dir", default=default_dir, help="CA directory (default $HFL_CERTS_DIR or deploy/certs)")
+    c.add_argument("--out", help="where the certificates and OUT/edges-ExM.json go (default DIR/devices)")
     c = csub.add_parser("show", help="print subject, issuer, validity and names of certificates")
     c.add_argument("files", nargs="+")
     p.set_defaults(func=cmd_certs)

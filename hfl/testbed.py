@@ -11,8 +11,9 @@ this process (it gets SIGTERM if we die) and `close()` kills whatever is left, a
 Device hosts follow `topology.host_layout`: per_core (default) starts `topology.device_hosts` hosts (0 =
 one per core) named devices-cH, each emulating a contiguous share of all devices of all edges; per_edge
 starts `hosts_per_edge` hosts per edge named devices-EEE-H. `skip_hosts` names per-edge hosts (a test
-plays their devices), so a Testbed given skip_hosts uses the per_edge layout; so does one with `certs`
-(a per-core host would need to discover edges whose devices its certificate does not name). `via` names nodes (an
+plays their devices), so a Testbed given skip_hosts uses the per_edge layout. Under mutual TLS (`certs`)
+every device of a per-core host presents its own certificate on its own channel, and a per-edge host one
+certificate naming its devices (hfl/testbed_certs.py). `via` names nodes (an
 edge, a per-edge host) that dial another address than their upstream's: a test's proxy in front of it
 (tests/integration/mitm.py plays a compromised node that way).
 """
@@ -142,9 +143,7 @@ class Testbed:
                 cfg = config_mod.from_dict(config_mod.merge_overrides(config_mod.to_dict(cfg), list(self.overrides)))
         else:
             cfg = config_mod.load(self.config, list(self.overrides))
-        if (self.skip_hosts or self.certs is not None) and cfg.topology.host_layout != "per_edge":
-            # skip_hosts names per-edge hosts; under mutual TLS a host's certificate names its devices, and an
-            # edge refuses the discovery call of a host with none of its members, which a per-core host needs
+        if self.skip_hosts and cfg.topology.host_layout != "per_edge":  # skip_hosts names per-edge hosts
             cfg = config_mod.from_dict(config_mod.merge_overrides(config_mod.to_dict(cfg), ["topology.host_layout=per_edge"]))
         self.cfg = cfg
         if self.run_dir is None:
@@ -153,7 +152,7 @@ class Testbed:
         self.run_dir = pathlib.Path(self.run_dir).resolve()
         self.logs = self.run_dir / "logs"
         if self.certs is not None:
-            from hfl.common.certs import testbed_tls_args
+            from hfl.testbed_certs import testbed_tls_args
 
             self.extra_args = {**testbed_tls_args(self.certs, cfg), **self.extra_args}
         self.ports = self.run_dir / "ports"
@@ -255,7 +254,8 @@ class Testbed:
                             self._spawn(name, ["devices", "--edge", self.via.get(name, address), "--host-index", str(h),
                                                "--hosts", str(self.cfg.topology.hosts_per_edge)])
             else:
-                addresses = [self._wait_port(edge, deadline) for edge in edges]
+                # each address named by its edge: a host with a certificate per device dials only its share's edges
+                addresses = [f"{edge.name}={self._wait_port(edge, deadline)}" for edge in edges]
                 hosts = topology.host_count(self.cfg)
                 for h in range(hosts):
                     self._spawn(core_host_name(h), ["devices", *[a for address in addresses for a in ("--edge", address)],

@@ -1,6 +1,6 @@
 """`docker compose up` of the root docker-compose.yml on a real engine: the default experiment's
-topology (three edges, one of them lowering its own trust so that its devices add the DP noise, mutual
-TLS, health-gated start) runs to the end, the cloud exits 0,
+topology (three edges, one of them lowering its own trust so that its devices add the DP noise, one device
+host for all their devices, each device with its own certificate, mutual TLS, health-gated start) runs to the end, the cloud exits 0,
 every container exits cleanly and the results are on the host. A few rounds keep it short."""
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.docker
 
 ROUNDS = 2
 DEVICES_PER_EDGE = 2
-SERVICES = {"certs", "cloud", "edge-000", "edge-001", "edge-002", "devices-000", "devices-001", "devices-002"}
+SERVICES = {"certs", "cloud", "edge-000", "edge-001", "edge-002", "devices"}
 
 
 def started_at(container: dict) -> str:
@@ -52,7 +52,7 @@ def watch_published(compose: list, env: dict, pki, up: subprocess.Popen, timeout
     deadline = time.monotonic() + timeout
     ctx = None
     while up.poll() is None and len(seen) < len(targets) and time.monotonic() < deadline:
-        if ctx is None and (pki / "nodes" / "devices-002.key").exists():
+        if ctx is None and (pki / "nodes" / "devices" / f"edges-3x{DEVICES_PER_EDGE}.json").exists():
             ctx = ssl.create_default_context(cafile=str(pki / "nodes" / "ca.pem"))
             ctx.load_cert_chain(str(pki / "nodes" / "edge-001.pem"), str(pki / "nodes" / "edge-001.key"))
         for name, (service, port, path) in targets.items():
@@ -128,17 +128,23 @@ def test_compose_up_runs_to_the_end_with_results_on_the_host(compose_cmd, image,
         assert b"hfl_rounds_completed_total" in published["metrics"] and b"hfl_members{" in published["metrics"]
         assert all(b"hfl_link_bytes_total{" in published[f"edge-{e}"] for e in ("000", "001", "002"))
 
-        # health-gated start: cloud before edges before their device hosts, each after its upstream was SERVING
-        cloud = containers["cloud"]
+        # health-gated start: cloud before edges before the device host, each after its upstreams were SERVING
+        cloud, devices = containers["cloud"], containers["devices"]
         for e in ("000", "001", "002"):
-            edge, devices = containers[f"edge-{e}"], containers[f"devices-{e}"]
+            edge = containers[f"edge-{e}"]
             assert started_at(cloud) < started_at(edge) < started_at(devices)
             assert f"edge-{e} joined run" in logs[f"edge-{e}"]
             assert f"edge-{e}: {DEVICES_PER_EDGE} of {DEVICES_PER_EDGE} devices joined" in logs[f"edge-{e}"]
         probes = cloud["State"]["Health"]["Log"]
         assert any(p["ExitCode"] == 0 and "SERVING" in p["Output"] for p in probes), probes
-        # mutual TLS was on: every node ran with its own certificate, and nothing was refused
-        assert all("HFL_CERT=/certs/" in " ".join(c["Config"]["Env"]) for n, c in containers.items() if n != "certs")
+        # mutual TLS was on: every node ran with its own certificate, every device with its own, and nothing was refused
+        assert all("HFL_CERT=/certs/" in " ".join(c["Config"]["Env"]) for n, c in containers.items()
+                   if n not in ("certs", "devices"))
+        assert f"HFL_DEVICE_CERTS=/certs/devices/edges-3x{DEVICES_PER_EDGE}.json" in devices["Config"]["Env"]
+        assert "transport: mutual TLS, a certificate per device" in logs["devices"]
+        assert f"{3 * DEVICES_PER_EDGE} devices (dev-00000..dev-{3 * DEVICES_PER_EDGE - 1:05d}) of 3 edge(s)" in logs["devices"]
+        assert sorted(p.name for p in (pki / "nodes" / "devices").glob("dev-*.pem")) == [
+            f"dev-{g:05d}.pem" for g in range(3 * DEVICES_PER_EDGE)]
         assert "HFL_TRUST=untrusted" in containers["edge-002"]["Config"]["Env"]
         assert (pki / "ca.pem").exists() and (pki / "nodes" / "edge-002.key").exists()
     finally:

@@ -169,15 +169,39 @@ def test_servers_report_serving_during_a_run(hfl_testbed):
     tb.wait(timeout=300)
 
 
-def test_hfl_run_over_mutual_tls(tmp_path):
+def test_hfl_certs_devices_issues_a_certificate_per_device_once(tmp_path):
+    assert hfl("certs", "init", "--dir", str(tmp_path)).returncode == 0
+    first = hfl("certs", "devices", "--edges", "2", "--devices-per-edge", "3", "--dir", str(tmp_path))
+    manifest = tmp_path / "devices" / "edges-2x3.json"
+    assert first.returncode == 0 and f"{manifest}: 6 devices of 2 edges, a certificate each (6 issued, 0 kept)" in first.stdout
+    again = hfl("certs", "devices", "--edges", "2", "--devices-per-edge", "3", "--dir", str(tmp_path))
+    assert "(0 issued, 6 kept)" in again.stdout
+    assert json.loads(manifest.read_text())["edges"] == {"edge-000": ["dev-00000..dev-00002"], "edge-001": ["dev-00003..dev-00005"]}
+    shown = hfl("certs", "show", str(tmp_path / "devices" / "dev-00004.pem"))
+    assert "CN=dev-00004,OU=device,O=hfl" in shown.stdout
+
+
+@pytest.mark.parametrize("layout", ["per_core", "per_edge"])
+def test_hfl_run_over_mutual_tls(tmp_path, layout):
     out, pki = tmp_path / "run", tmp_path / "pki"
-    sets = [a for s in SMALL + ["run.rounds=2"] for a in ("--set", s)]
+    sets = [a for s in SMALL + ["run.rounds=2", f"topology.host_layout={layout}", "topology.device_hosts=3"]
+            for a in ("--set", s)]
     result = hfl("run", *sets, "--out", str(out), "--certs", str(pki), "--quiet")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert (pki / "ca.pem").exists() and (pki / "nodes" / "devices-001-0.pem").exists()
-    assert json.loads((out / "summary.json").read_text())["final_accuracy"] > 0.5
-    for name in ("cloud", "edge-001", "devices-001-0"):
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["final_accuracy"] > 0.5 and summary["refused"] == 0
+    for name in ("cloud", "edge-001"):
         assert f"transport: mutual TLS with {pki / 'nodes' / name}.pem" in (out / "logs" / f"{name}.log").read_text()
+    if layout == "per_edge":  # one certificate naming the host's devices
+        assert (pki / "nodes" / "devices-001-0.pem").exists()
+        assert f"transport: mutual TLS with {pki / 'nodes' / 'devices-001-0'}.pem" in (out / "logs" / "devices-001-0.log").read_text()
+        return
+    # per core: every device its own certificate, issued once into DIR/devices, and hosts holding devices of both edges
+    manifest = pki / "devices" / "edges-2x3.json"
+    assert sorted(p.name for p in (pki / "devices").glob("*.pem")) == [f"dev-{g:05d}.pem" for g in range(6)]
+    logs = [(out / "logs" / f"devices-c{h}.log").read_text() for h in range(3)]
+    assert all(f"transport: mutual TLS, a certificate per device ({manifest})" in log for log in logs)
+    assert "2 devices (dev-00002..dev-00003) of 2 edge(s)" in logs[1]
 
 
 def test_sigterm_stops_every_process(tmp_path):

@@ -1,12 +1,15 @@
 """Mutual TLS and enrollment with real processes on 127.0.0.1 (no Docker).
 
-One run, cloud + edge-000 + edge-001 (2 x 3 devices), every node with its own certificate. While
-edge-001 still waits for its devices, rogue clients try their luck; then edge-001's legitimate device
-host starts and the run must finish as if nothing happened. Each refusal is asserted where the client
+One run, cloud + edge-000 + edge-001 (2 x 3 devices), every node with its own certificate, every device too:
+the devices are played by three per-core device hosts (the default layout), each device presenting its own
+certificate on its own channel; devices-c1 holds dev-00002 of edge-000 and dev-00003 of edge-001. While
+edge-001 still waits for its last devices (those of devices-c2), rogue clients try their luck; then
+devices-c2 starts and the run must finish as if nothing happened. Each refusal is asserted where the client
 sees it (status code) and where the server logs it:
 
-- a device host of cluster edge-000 dialing edge-001: PERMISSION_DENIED from the admission check
-  (also a raw client claiming an id its certificate does not name);
+- a device host of cluster edge-000 dialing edge-001: PERMISSION_DENIED from the admission check, whether
+  it holds one certificate naming its devices or a certificate per device; a raw client claiming an id its
+  certificate does not name (another device of the same edge, or of another edge);
 - a device whose certificate another CA signed: refused in the TLS handshake (UNAVAILABLE), grpc logs
   CERTIFICATE_VERIFY_FAILED on the edge;
 - a plaintext client: refused in the handshake (UNAVAILABLE), grpc logs WRONG_VERSION_NUMBER;
@@ -31,7 +34,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from hfl.common import certs, wire
+from hfl.common import certs, device_certs, wire
+from hfl import testbed_certs
 from hfl.common.tls import Admission, TlsOptions
 from hfl.proto import hfl_v1_pb2 as pb
 from hfl.proto import hfl_v1_pb2_grpc as pbg
@@ -53,11 +57,12 @@ def pki(tmp_path_factory) -> SimpleNamespace:
     for e in range(2):
         certs.issue(ours, "edge", f"edge-{e:03d}")
         certs.issue(ours, "device", certs.device_range(e * DEVICES, DEVICES), name=f"devices-{e:03d}")
+    manifest, _ = device_certs.issue_topology(ours, 2, DEVICES, ours / "devices")  # a certificate per device
     certs.issue(other, "device", certs.device_range(0, DEVICES), name="devices-000")
     certs.issue(other, "edge", "edge-000")
     bundle = root / "both-cas.pem"  # a rogue trusts our CA (to reach the server) but holds another CA's certificate
     bundle.write_bytes((other / "ca.pem").read_bytes() + (ours / "ca.pem").read_bytes())
-    return SimpleNamespace(ca=ours, other=other, bundle=bundle)
+    return SimpleNamespace(ca=ours, other=other, bundle=bundle, manifest=manifest, devices=ours / "devices")
 
 
 def tls_args(ca_dir: pathlib.Path, name: str, ca: pathlib.Path | None = None) -> list[str]:
@@ -164,19 +169,36 @@ def scenario(pki, tmp_path_factory) -> SimpleNamespace:
             edges.append(procs.address(f"edge-{e:03d}"))
             procs.wait_log(f"edge-{e:03d}", "joined run")
         out.cloud, out.edges = cloud, edges
-        procs.start("devices-000", "devices", "--edge", edges[0], *tls_args(pki.ca, "devices-000"))
+        named = [a for e, address in enumerate(edges) for a in ("--edge", f"edge-{e:03d}={address}")]
+        per_device = ["--ca", str(pki.ca / "ca.pem"), "--device-certs", str(pki.manifest)]
+
+        def core_host(h: int, hosts: int = 3) -> tuple[str, ...]:
+            return ("devices", *named, "--host-index", str(h), "--hosts", str(hosts), *per_device)
+
+        procs.start("devices-c0", *core_host(0))  # dev-00000, dev-00001 (edge-000)
+        procs.start("devices-c1", *core_host(1))  # dev-00002 (edge-000) and dev-00003 (edge-001)
         procs.wait_log("edge-000", f"{DEVICES} of {DEVICES} devices joined")
 
         # -- rogues, while edge-001 waits for its devices (nothing can progress before they join) --------
         s = out.statuses
         ours = pki.ca / "ca.pem"
-        # a whole device host of cluster edge-000 pointed at edge-001
+        # a whole device host of cluster edge-000 pointed at edge-001: with one certificate naming its devices, and
+        # with a certificate per device (the manifest's edge-000 devices, their edge's address given as edge-001's)
         procs.start("rogue-other-cluster", "devices", "--edge", edges[1], "--wait", "20", *tls_args(pki.ca, "devices-000"))
+        procs.start("rogue-per-device-other-cluster", "devices", "--edge", f"edge-000={edges[1]}", "--host-index", "0",
+                    "--hosts", "2", "--wait", "20", *per_device)
         # a raw client with cluster edge-000's certificate claiming a device of edge-001
         with secure(edges[1], channel_credentials(pki.ca, "devices-000", ours), "edge.hfl") as chan:
             stub = pbg.EdgeServiceStub(chan)
             s["claim other id"] = status_of(lambda: stub.Register(
                 pb.RegisterRequest(node_id="dev-00003", num_samples=10), timeout=10))
+        # a device's own certificate claiming another device of its edge, and one of another edge
+        with secure(edges[0], channel_credentials(pki.devices, "dev-00000", ours), "edge.hfl") as chan:
+            s["device claims its neighbour"] = status_of(lambda: pbg.EdgeServiceStub(chan).Register(
+                pb.RegisterRequest(node_id="dev-00001", num_samples=10), timeout=10))
+        with secure(edges[1], channel_credentials(pki.devices, "dev-00000", ours), "edge.hfl") as chan:
+            s["device claims another edge's"] = status_of(lambda: pbg.EdgeServiceStub(chan).Register(
+                pb.RegisterRequest(node_id="dev-00004", num_samples=10), timeout=10))
         # a device whose certificate another CA signed (it trusts our CA to reach the edge)
         with secure(edges[0], channel_credentials(pki.other, "devices-000", ours), "edge.hfl") as chan:
             s["other CA register"] = status_of(lambda: pbg.EdgeServiceStub(chan).Register(
@@ -203,18 +225,18 @@ def scenario(pki, tmp_path_factory) -> SimpleNamespace:
         with secure(cloud, channel_credentials(pki.other, "edge-000", ours), "cloud.hfl") as chan:
             s["other CA edge"] = status_of(lambda: pbg.CloudServiceStub(chan).Register(
                 pb.RegisterRequest(node_id="edge-000"), timeout=10))
-        out.rogue_codes = {rogue: procs.wait(rogue, timeout=30)
-                           for rogue in ("rogue-other-cluster", "rogue-other-ca", "rogue-plaintext")}
+        out.rogue_codes = {rogue: procs.wait(rogue, timeout=30) for rogue in (
+            "rogue-other-cluster", "rogue-per-device-other-cluster", "rogue-other-ca", "rogue-plaintext")}
         # a plaintext health probe (the CLI the containers use) with TLS switched off
         out.plain_probe = subprocess.run([sys.executable, "-m", "hfl.cli", "health", cloud, "--timeout", "5"],
                                          capture_output=True, text=True, env=dict(procs.env, HFL_TLS="off"), timeout=60)
         out.tls_probe = subprocess.run([sys.executable, "-m", "hfl.cli", "health", cloud, *tls_args(pki.ca, "cloud")],
                                        capture_output=True, text=True, env=procs.env, timeout=60)
 
-        # -- the legitimate device host of edge-001: the run goes on --------------------------------------
-        procs.start("devices-001", "devices", "--edge", edges[1], *tls_args(pki.ca, "devices-001"))
-        out.codes = {name: procs.wait(name, timeout=150) for name in ("cloud", "edge-000", "edge-001", "devices-000",
-                                                                        "devices-001")}
+        # -- the last legitimate device host (dev-00004, dev-00005 of edge-001): the run goes on --------------
+        procs.start("devices-c2", *core_host(2))
+        out.codes = {name: procs.wait(name, timeout=150) for name in ("cloud", "edge-000", "edge-001", "devices-c0",
+                                                                        "devices-c1", "devices-c2")}
         out.logs = {name: procs.log(name) for name in procs.procs}
         yield out
     finally:
@@ -231,7 +253,9 @@ def test_the_run_finishes_despite_the_rogues(scenario):
     # refusals inside handlers are counted: at the cloud, and the edges' counts reach the cloud's metrics
     assert summary["refused_by_reason_at_cloud"] == {"wrong_role": 1, "identity_mismatch": 1}
     assert summary["refused"] >= 2 + 2
-    assert "devices done: {'finished': 3}" in scenario.logs["devices-001"]
+    assert all("devices done: {'finished': 2}" in scenario.logs[f"devices-c{h}"] for h in range(3))
+    assert "2 devices (dev-00002..dev-00003) of 2 edge(s)" in scenario.logs["devices-c1"]
+    assert "transport: mutual TLS, a certificate per device" in scenario.logs["devices-c1"]
 
 
 def test_health_probe_speaks_mutual_tls(scenario):
@@ -242,17 +266,22 @@ def test_health_probe_speaks_mutual_tls(scenario):
 # ---- each refusal ---------------------------------------------------------------------------------------
 
 def test_device_host_of_another_cluster_is_refused(scenario):
-    log = scenario.logs["rogue-other-cluster"]
-    assert scenario.rogue_codes["rogue-other-cluster"] not in (0, None)
-    assert "PERMISSION_DENIED" in log and "names none of dev-00003..dev-00005" in log, log[-2000:]
-    assert "refused foreign_cluster from ipv4:127.0.0.1" in scenario.logs["edge-001"]
+    for rogue, cert in [("rogue-other-cluster", "dev-00000..dev-00002"), ("rogue-per-device-other-cluster", "dev-00000")]:
+        log = scenario.logs[rogue]
+        assert scenario.rogue_codes[rogue] not in (0, None)
+        assert "PERMISSION_DENIED" in log and f"device {cert} names none of dev-00003..dev-00005" in log, log[-2000:]
+    assert scenario.logs["edge-001"].count("refused foreign_cluster from ipv4:127.0.0.1") >= 2
 
 
 def test_device_claiming_an_id_its_certificate_does_not_name_is_refused(scenario):
-    code, details = scenario.statuses["claim other id"]
-    assert code == grpc.StatusCode.PERMISSION_DENIED, details
-    assert "does not name dev-00003" in details
-    assert "refused identity_mismatch from ipv4:127.0.0.1" in scenario.logs["edge-001"]
+    for key, named, claimed in [("claim other id", "dev-00000..dev-00002", "dev-00003"),
+                                ("device claims its neighbour", "dev-00000", "dev-00001"),
+                                ("device claims another edge's", "dev-00000", "dev-00004")]:
+        code, details = scenario.statuses[key]
+        assert code == grpc.StatusCode.PERMISSION_DENIED, (key, details)
+        assert f"certificate of device {named} does not name {claimed}" in details, (key, details)
+    assert "refused identity_mismatch from ipv4:127.0.0.1" in scenario.logs["edge-000"]
+    assert scenario.logs["edge-001"].count("refused identity_mismatch from ipv4:127.0.0.1") >= 2
 
 
 def test_device_with_a_certificate_of_another_ca_is_refused(scenario):
@@ -360,10 +389,18 @@ def test_admission_checks_role_ids_and_cluster(tmp_path):
 def test_testbed_certificates_match_the_topology(tmp_path):
     from hfl.common import config
 
-    cfg = config.load(None, ["topology.edges=2", "topology.devices_per_edge=5", "topology.hosts_per_edge=2"])
-    args = certs.testbed_tls_args(tmp_path, cfg)
+    cfg = config.load(None, ["topology.edges=2", "topology.devices_per_edge=5", "topology.hosts_per_edge=2",
+                             "topology.host_layout=per_edge"])
+    args = testbed_certs.testbed_tls_args(tmp_path, cfg)
     assert sorted(args) == ["cloud", "devices-000-0", "devices-000-1", "devices-001-0", "devices-001-1", "edge-000", "edge-001"]
     names = {name: certs.identity_of(certs.load_cert(flags[3])).name for name, flags in args.items()}
     assert names["edge-001"] == "edge-001" and names["cloud"] == "cloud"
     assert names["devices-000-0"] == "dev-00000..dev-00001" and names["devices-001-1"] == "dev-00007..dev-00009"
     assert all(flags[1] == str(tmp_path / "ca.pem") for flags in args.values())
+    # per core (the default): one set of arguments for every per-core host, a manifest of a certificate per device
+    per_core = testbed_certs.testbed_tls_args(tmp_path, config.load(None, ["topology.edges=2", "topology.devices_per_edge=5"]))
+    assert sorted(per_core) == ["cloud", "devices", "edge-000", "edge-001"]
+    assert per_core["devices"] == ["--ca", str(tmp_path / "ca.pem"), "--device-certs", str(tmp_path / "devices" / "edges-2x5.json")]
+    manifest = device_certs.load_manifest(per_core["devices"][3])
+    assert manifest.edges["edge-001"] == tuple(f"dev-{g:05d}" for g in range(5, 10))
+    assert certs.identity_of(certs.load_cert(manifest.files("dev-00007")[0])).name == "dev-00007"

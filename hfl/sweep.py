@@ -132,6 +132,21 @@ def flatten(table: dict[str, Any], where: str, prefix: str = "") -> dict[str, An
     return flat
 
 
+def config_changes(stored: str, now: str, most: int = 3) -> str:
+    """What differs between a finished run's config.toml and the one the spec gives now, key by key
+    ("data.class_draw: absent -> 'deck'"), for the message that refuses to resume it."""
+    try:
+        old, new = (flatten(tomllib.loads(t), "config") for t in (stored, now))
+    except (tomllib.TOMLDecodeError, SweepError):
+        return "its config.toml differs"
+    absent = object()
+    keys = [k for k in sorted(old.keys() | new.keys()) if old.get(k, absent) != new.get(k, absent)]
+    shown = [f"{k}: {'absent' if old.get(k, absent) is absent else repr(old[k])} -> "
+             f"{'absent' if new.get(k, absent) is absent else repr(new[k])}" for k in keys[:most]]
+    more = f"; {len(keys) - most} more" if len(keys) > most else ""
+    return "; ".join(shown) + more if shown else "its config.toml differs in form only"
+
+
 def _check_keys(table: dict, allowed: tuple[str, ...], where: str) -> None:
     unknown = sorted(set(table) - set(allowed))
     if unknown:
@@ -269,9 +284,9 @@ def expand(spec: Spec, out: pathlib.Path) -> list[Run]:
             raise SweepError(f"two cells share the directory name {run.cell!r}: make the varied values distinct")
     for run in runs:
         stored = run.run_dir / "config.toml"
-        if run.done and stored.is_file() and stored.read_text() != runner.config_text(run):
-            raise SweepError(f"{run.run_dir} finished with another config than the spec now gives: delete it or "
-                             f"use another --out")
+        if run.done and stored.is_file() and stored.read_text() != (text := runner.config_text(run)):
+            raise SweepError(f"{run.run_dir} finished with another config than the spec now gives "
+                             f"({config_changes(stored.read_text(), text)}): delete it or use another --out")
     return runs
 
 

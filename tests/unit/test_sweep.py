@@ -167,7 +167,17 @@ def test_finished_runs_are_skipped_and_a_changed_spec_is_caught(tmp_path, capsys
     assert (out / "results.md").exists()
     path.write_text("seeds = [0]\n[base]\n'run.rounds' = 3\n")
     assert sweep.run_sweep(path, out, dry_run=True) == 2
-    assert "finished with another config than the spec now gives" in capsys.readouterr().err
+    err = "".join(capsys.readouterr().err.split())  # rich may wrap the message anywhere
+    assert "finishedwithanotherconfigthanthespecnowgives(run.rounds:2->3)" in err
+
+
+def test_config_changes_names_each_key_that_differs():
+    stored = "[run]\nrounds = 2\nseed = 0\n[data]\nroot = ''\n"
+    now = "[run]\nrounds = 3\nseed = 0\n[data]\nroot = ''\nclass_draw = 'deck'\n"
+    assert sweep.config_changes(stored, now) == "data.class_draw: absent -> 'deck'; run.rounds: 2 -> 3"
+    assert sweep.config_changes(stored, now, most=1) == "data.class_draw: absent -> 'deck'; 1 more"
+    assert sweep.config_changes(stored, stored + "\n") == "its config.toml differs in form only"
+    assert sweep.config_changes("not toml [", now) == "its config.toml differs"
 
 
 def test_mean_std():

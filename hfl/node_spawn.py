@@ -51,11 +51,16 @@ def warm() -> None:
     forkserver.ensure_running()
 
 
-def _forkserver_pid() -> int:
+def server_pid() -> int | None:
+    """The forkserver's pid, None before it started (benchmarks count its memory with the nodes')."""
     from multiprocessing import forkserver
 
-    warm()
     return forkserver._forkserver._forkserver_pid
+
+
+def _forkserver_pid() -> int:
+    warm()
+    return server_pid()
 
 
 class ForkedNode:

@@ -161,8 +161,10 @@ class MemorySampler(threading.Thread):
         """One sample: the summed memory of the processes; the first checkpoint's time once it exists."""
         rss = pss = 0
         each = {}
-        server = node_spawn.server_pid()  # forked nodes share its pages (HFL_SPAWN=fork): its share counts too
-        pids = [(node.name, node.proc.pid) for node in list(self.bed.nodes.values())]
+        nodes = list(self.bed.nodes.values())
+        forked = any(isinstance(node.proc, node_spawn.ForkedNode) for node in nodes)
+        server = node_spawn.server_pid() if forked else None  # forked nodes share its pages: its share counts too
+        pids = [(node.name, node.proc.pid) for node in nodes]
         for name, pid in pids + ([("forkserver", server)] if server else []):
             try:
                 info = psutil.Process(pid).memory_full_info()

@@ -71,6 +71,9 @@ class ForkedNode:
         env = dict(env, HFL_PARENT_PID=str(_forkserver_pid()))  # the node's parent: die_with_parent arms against it
         self._proc = _context().Process(target=run_node, args=(self.args, str(log_path), env))
         self._proc.start()
+        # not joined by multiprocessing's exit handler: a launcher that exits with nodes left (no Testbed.close)
+        # must not hang on them; they die with it, as Popen ones do (PR_SET_PDEATHSIG through the forkserver)
+        multiprocessing.process._children.discard(self._proc)
         self.pid = self._proc.pid
         self.returncode: int | None = None
 

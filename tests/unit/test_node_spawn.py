@@ -133,6 +133,38 @@ def test_forked_nodes_die_with_the_launcher(tmp_path):
     assert not alive, "a forked node outlived its launcher"
 
 
+def test_nodes_forked_from_several_threads(tmp_path):
+    """`hfl sweep --jobs N` runs testbeds in threads of one process: they share the forkserver."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(i):
+        return start("fork", tmp_path, "exit", str(i), name=f"n{i}").wait(timeout=120)
+
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(one, range(8))) == list(range(8))
+
+
+def test_a_launcher_exits_without_waiting_for_its_forked_nodes(tmp_path):
+    """A launcher that exits with nodes left (no Testbed.close) neither hangs on them, as multiprocessing would
+    join its children at exit, nor leaves them behind."""
+    launcher = textwrap.dedent(f"""
+        import pathlib, sys, time
+        from hfl import node_spawn
+        node_spawn.PRELOAD = ["hfl.testbed"]
+        argv = [sys.executable, "-m", "tests.unit.spawn_target", "node", "600"]
+        log = pathlib.Path({str(tmp_path)!r}) / "node.log"
+        node = node_spawn.spawner("fork")(argv, log, {{"PATH": "/usr/bin:/bin", "PYTHONPATH": {os.getcwd()!r}}})
+        while not (log.exists() and "running" in log.read_text()):
+            time.sleep(0.05)
+        print(node.pid, flush=True)
+    """)
+    done = subprocess.run([sys.executable, "-c", launcher], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert done.returncode == 0, done.stderr[-2000:]
+    gone, alive = psutil.wait_procs([psutil.Process(int(done.stdout))], timeout=30)
+    assert not alive, "a forked node outlived its launcher"
+
+
 def test_unknown_spawner_is_refused(monkeypatch):
     monkeypatch.setenv(node_spawn.SPAWN_ENV, "thread")
     with pytest.raises(ValueError, match="exec, fork"):

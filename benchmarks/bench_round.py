@@ -34,6 +34,7 @@ from hfl.common.data import load_dataset
 from hfl.common.models import build, init_parameters
 from hfl.common.partition import partition
 from hfl.common.seeding import numpy_rng, torch_generator
+from hfl import node_spawn
 from hfl.testbed import Testbed
 
 A_OVERRIDES = [
@@ -160,12 +161,16 @@ class MemorySampler(threading.Thread):
         """One sample: the summed memory of the processes; the first checkpoint's time once it exists."""
         rss = pss = 0
         each = {}
-        for node in list(self.bed.nodes.values()):
+        nodes = list(self.bed.nodes.values())
+        forked = any(isinstance(node.proc, node_spawn.ForkedNode) for node in nodes)
+        server = node_spawn.server_pid() if forked else None  # forked nodes share its pages: its share counts too
+        pids = [(node.name, node.proc.pid) for node in nodes]
+        for name, pid in pids + ([("forkserver", server)] if server else []):
             try:
-                info = psutil.Process(node.proc.pid).memory_full_info()
+                info = psutil.Process(pid).memory_full_info()
                 rss += info.rss
-                each[node.name] = getattr(info, "pss", info.rss)
-                pss += each[node.name]
+                each[name] = getattr(info, "pss", info.rss)
+                pss += each[name]
             except (psutil.Error, AttributeError):
                 pass
         if pss > self.peak_pss:

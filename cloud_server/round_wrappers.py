@@ -134,10 +134,11 @@ class Controlled(ModeWrapper):
 def wrap(mode, cfg, run_dir, edges, device_samples, claims, layer_sizes, rows):
     """The mode wrapped by what the config asks for: privacy (a private algorithm), then control."""
     from . import controller as controller_mod
-    from .privacy_policy import PrivacyPolicy
 
     policy = None
     if plans.is_private(cfg):
+        from .privacy_policy import PrivacyPolicy  # dp_accounting and scipy: ~2 s of CPU a plain run need not pay
+
         policy = PrivacyPolicy(cfg, edges, device_samples, run_dir, claims, layer_sizes)
         mode = Private(mode, policy, cfg, run_dir)
     controller = controller_mod.build(cfg, policy, sum(layer_sizes), device_samples, rows)

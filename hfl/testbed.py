@@ -37,6 +37,7 @@ from hfl.common import config as config_mod
 from hfl.common import metrics
 from hfl.common import topology
 from hfl.common.topology import edge_id
+from hfl.node_spawn import spawner, warm
 
 PR_SET_PDEATHSIG = 1
 
@@ -47,7 +48,9 @@ def die_with_parent() -> None:
 
     This runs in the child itself, not as a Popen preexec_fn: a preexec_fn makes Python fork() instead of vfork(),
     and gRPC's fork handlers then restart its poller in the child while close_fds closes the poller's epoll
-    descriptor, which aborts the child before exec ("epoll_wait error: Bad file descriptor", grpc/grpc#43055)."""
+    descriptor, which aborts the child before exec ("epoll_wait error: Bad file descriptor", grpc/grpc#43055).
+    A forked node's parent is the forkserver (hfl/node_spawn.py), which exits with the launcher: the signal is armed
+    against it, and HFL_PARENT_PID names it."""
     parent = os.environ.get("HFL_PARENT_PID")
     if not parent:
         return
@@ -98,7 +101,7 @@ class Node:
     name: str
     argv: list[str]
     log_path: pathlib.Path
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen | None = None  # or a ForkedNode (hfl/node_spawn.py): the same methods
     expected_exit: bool = False  # killed on purpose: its death is not a failure
     address: str | None = None
     started_at: float = 0.0
@@ -106,6 +109,18 @@ class Node:
 
     def returncode(self) -> int | None:
         return None if self.proc is None else self.proc.poll()
+
+
+def _signal_group(node: Node, sig: int) -> None:
+    """Signal a node's session (a node may have started processes of its own). A forked node that has not run its
+    setsid() yet leads no group: then the node itself."""
+    try:
+        os.killpg(node.proc.pid, sig)
+    except ProcessLookupError:
+        try:
+            os.kill(node.proc.pid, sig)
+        except ProcessLookupError:
+            pass
 
 
 def _log_tail(path: pathlib.Path, lines: int = 25) -> str:
@@ -129,6 +144,7 @@ class Testbed:
     force: bool = False                     # start over in a run_dir that holds a run (its records are deleted)
     tolerate_failures: bool = False         # a dead edge or device host is recorded, not fatal (the cloud's death is)
     via: dict = field(default_factory=dict)  # node name -> address it dials instead of its upstream (a test's proxy)
+    spawn: str | None = None                # how nodes start (hfl/node_spawn.py): exec | fork; None: $HFL_SPAWN or exec
     nodes: dict[str, Node] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
@@ -196,9 +212,7 @@ class Testbed:
             env["HFL_RELAY_SECRET"] = self._relay_secret
         if restarted:  # a restarted cloud's start-up runs from its own launch
             env.pop("HFL_LAUNCHED_AT", None)
-        with open(node.log_path, "ab") as log:
-            node.proc = subprocess.Popen(node.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=env, start_new_session=True)  # no preexec_fn: see die_with_parent
+        node.proc = spawner(self.spawn)(node.argv, node.log_path, env)
         node.started_at = time.monotonic()
 
     def _wait_port(self, node: Node, deadline: float) -> str:
@@ -219,6 +233,8 @@ class Testbed:
 
         if self.resume and (self.run_dir / "summary.json").is_file():
             raise RunFinished(self._finished_message())
+        if spawner(self.spawn) is not spawner("exec"):
+            warm()  # the forkserver imports the nodes' modules while preflight runs
         self.data_info = preflight(self.cfg)  # data, partition and model: a ConfigError before any process starts
         self.run_dir.mkdir(parents=True, exist_ok=True)
         check_run_dir(self.run_dir, self.resume, self.force)
@@ -344,26 +360,20 @@ class Testbed:
         node = self.node(name)
         node.expected_exit = True
         if node.returncode() is None:
-            os.killpg(node.proc.pid, sig)
+            _signal_group(node, sig)
             node.proc.wait(timeout=30)
 
     def close(self, grace: float = 5.0) -> None:
         """Terminate every process still running (SIGTERM, then SIGKILL after `grace`)."""
         alive = self.running()
         for node in alive:
-            try:
-                os.killpg(node.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+            _signal_group(node, signal.SIGTERM)
         deadline = time.monotonic() + grace
         for node in alive:
             try:
                 node.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(node.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                _signal_group(node, signal.SIGKILL)
                 node.proc.wait()
 
     # ---- results ------------------------------------------------------------------------------

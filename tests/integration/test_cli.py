@@ -25,6 +25,18 @@ def leftovers(marker: str) -> list[str]:
     return found
 
 
+def nodes_of(pid: int) -> list[psutil.Process]:
+    """A launcher's nodes: its children (HFL_SPAWN=exec) or its forkserver's (fork), named by their argv."""
+    found = []
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            if "hfl.cli" in child.cmdline():
+                found.append(child)
+        except psutil.Error:
+            pass
+    return found
+
+
 def test_hfl_run_writes_the_run_directory(tmp_path):
     out = tmp_path / "run"
     sets = [a for s in SMALL + ["run.rounds=2"] for a in ("--set", s)]
@@ -229,9 +241,9 @@ def test_nodes_die_with_a_killed_launcher(tmp_path):
                              "--out", str(tmp_path / "r")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
-        while len(psutil.Process(proc.pid).children()) < 4 and time.monotonic() < deadline:
+        while len(nodes_of(proc.pid)) < 4 and time.monotonic() < deadline:
             time.sleep(0.2)
-        nodes = psutil.Process(proc.pid).children()
+        nodes = nodes_of(proc.pid)
         assert len(nodes) >= 4, "the launcher did not start its nodes"
     finally:
         proc.kill()

@@ -158,7 +158,7 @@ def _hfl_run(tmp_path, *extra):
         assert time.monotonic() < deadline and proc.poll() is None
         rows = (out / "metrics.jsonl").read_text().splitlines() if (out / "metrics.jsonl").exists() else []
         if rows:
-            victim = next((c for c in me.children() if "--host-index" in c.cmdline() and
+            victim = next((c for c in me.children(recursive=True) if "--host-index" in c.cmdline() and
                            c.cmdline()[c.cmdline().index("--host-index") + 1] == "1"), None)
         time.sleep(0.05)
     os.killpg(victim.pid, signal.SIGKILL)

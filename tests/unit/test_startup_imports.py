@@ -42,3 +42,17 @@ def test_theory_expit_equals_scipy_expit():
     eps = np.concatenate([np.linspace(0, 60, 20001), [1e-300, 1e-9, 709.0, 1e308, np.inf]])
     assert np.allclose(theory.expit(eps), expit(eps), rtol=4e-16, atol=0)
     assert theory.expit(np.inf) == 1.0 and theory.expit(0.0) == 0.5
+
+
+def test_a_run_without_privacy_loads_no_accountant_before_round_0():
+    """The cloud wraps its round mode after the edges joined, before round 0: the privacy policy (dp_accounting,
+    scipy: ~2 s of CPU) only for a private algorithm."""
+    code = ("import sys; from hfl import families; from hfl.common import config, plans; "
+            "from hfl.cloud_server.round_wrappers import wrap; "
+            "cfg = config.load(None, []); assert not plans.is_private(cfg); mode = object(); "
+            "assert wrap(mode, cfg, '.', [], {}, None, [10], []) is mode; "
+            "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    loaded = set(out.stdout.split())
+    assert "hfl" in loaded and not {"dp_accounting", "scipy"} & loaded

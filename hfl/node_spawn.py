@@ -1,0 +1,187 @@
+"""How the Testbed starts a node process, chosen by name (`HFL_SPAWN`, default `exec`):
+
+- `exec`: a fresh `python -m hfl.cli ROLE ...` per node (subprocess.Popen); every node imports torch and the
+  services itself (~2.2 s of CPU per cloud and device host, ~0.5 s per edge).
+- `fork`: a fork of one multiprocessing forkserver that imported those modules once (PRELOAD); the node then runs
+  the same `hfl.cli` entry with the same argv, environment and log as under `exec`.
+
+Both return an object with Popen's pid, returncode, poll, wait, send_signal, terminate and kill. A node is the
+leader of its own session under both (the Testbed signals its process group).
+"""
+from __future__ import annotations
+
+import atexit
+import importlib
+import multiprocessing
+import os
+import subprocess
+import sys
+import threading
+from typing import Callable
+
+SPAWN_ENV = "HFL_SPAWN"
+# exec until the edge keeps a device host that dies and is back within ~1 s in its round: forked, a restarted host
+# is back that fast, and tests/integration/test_faults.py::test_device_host_killed_and_restarted_gives_the_clean_metrics
+# then sees the edge drop its devices from a round (with the test's 0.5 s pause made 3 s it passes forked)
+DEFAULT = "exec"
+
+# Imported once by the forkserver: what a cloud, an edge and a device host import before round 0 (measured with
+# PYTHONPROFILEIMPORTTIME on `hfl run`). Imports only: no torch op, no gRPC channel or server (both start threads,
+# and a process that forks must have one).
+PRELOAD = ["torch", "numpy", "grpc", "asyncio", "importlib.metadata", "hfl.cli", "hfl.families", "hfl.testbed",
+           "hfl.audit_cli", "hfl.attack_cli", "hfl.plan_cli", "hfl.common.tls", "hfl.common.plugins",
+           "hfl.cloud_server.service", "hfl.cloud_server.controller", "hfl.edge_server.service",
+           "hfl.device_client.host"]
+
+
+def spawn_exec(argv: list[str], log_path, env: dict) -> subprocess.Popen:
+    with open(log_path, "ab") as log:  # no preexec_fn: see hfl.testbed.die_with_parent
+        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=True)
+
+
+def _context():
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+def warm() -> None:
+    """Start the forkserver now (its imports then run while the launcher does other work); idempotent."""
+    from multiprocessing import forkserver
+
+    _context()
+    forkserver.ensure_running()
+
+
+def server_pid() -> int | None:
+    """The forkserver's pid, None before it started (benchmarks count its memory with the nodes')."""
+    from multiprocessing import forkserver
+
+    return forkserver._forkserver._forkserver_pid
+
+
+def _forkserver_pid() -> int:
+    warm()
+    return server_pid()
+
+
+class ForkedNode:
+    """A node forked by the forkserver, with the Popen methods the Testbed and its callers use."""
+
+    def __init__(self, argv: list[str], log_path, env: dict):
+        self.args = list(argv)
+        env = dict(env, HFL_PARENT_PID=str(_forkserver_pid()))  # the node's parent: die_with_parent arms against it
+        self._proc = _context().Process(target=run_node, args=(self.args, str(log_path), env))
+        self._proc.start()
+        # not joined by multiprocessing's exit handler: a launcher that exits with nodes left (no Testbed.close)
+        # must not hang on them; they die with it, as Popen ones do (PR_SET_PDEATHSIG through the forkserver)
+        multiprocessing.process._children.discard(self._proc)
+        self.pid = self._proc.pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self._proc.exitcode  # the forkserver's waitpid status: -N for signal N, like Popen
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._proc.join(timeout)
+        if self.poll() is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self._proc.terminate()
+
+    def kill(self) -> None:
+        self._proc.kill()
+
+
+def _set_title(argv: list[str]) -> None:
+    """Show the node's argv in ps / psutil.cmdline() (a fork keeps the forkserver's): write it, NUL-separated and
+    truncated, over this process's argument area (its bounds are fields 48-49 of /proc/self/stat)."""
+    import ctypes
+
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])
+    except (OSError, IndexError, ValueError):
+        return
+    size = end - start
+    if size <= 1:
+        return
+    title = "\0".join(argv).encode(errors="replace")[:size - 1]
+    ctypes.memmove(start, title + b"\0" * (size - len(title)), size)
+
+
+def run_node(argv: list[str], log_path: str, env: dict) -> None:
+    """The forked node (multiprocessing's target): what `exec` gives a fresh process, then `-m MODULE`'s main(args).
+    Ends with os._exit, as every multiprocessing child does, after the exit work an interpreter does: non-daemon
+    threads joined, atexit handlers (logging's flush) run."""
+    from multiprocessing import forkserver
+
+    alive = forkserver._forkserver._forkserver_alive_fd
+    if alive is not None:  # only the launcher may hold it: the forkserver then exits with the launcher, and its
+        os.close(alive)   # nodes with it (PR_SET_PDEATHSIG, armed by die_with_parent)
+        forkserver._forkserver._forkserver_alive_fd = None
+    os.setsid()
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            stream.flush()
+    log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    os.close(null)
+    sys.stdin = open(0, closefd=False)
+    sys.stdout = open(1, "w", buffering=1, closefd=False, encoding="utf-8", errors="backslashreplace")
+    sys.stderr = open(2, "w", buffering=1, closefd=False, encoding="utf-8", errors="backslashreplace")
+    os.environ.clear()
+    os.environ.update(env)
+    head = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:0] = [p for p in head if p not in sys.path]
+    _set_title(argv)
+    if argv[1:2] != ["-m"] or len(argv) < 3:
+        raise ValueError(f"a forked node runs `python -m MODULE ...`, not {argv}")
+    sys.argv = [argv[2], *argv[3:]]
+    code = 1
+    try:
+        code = importlib.import_module(argv[2]).main(argv[3:])
+    except SystemExit as exc:
+        code = exc.code
+    except BaseException:  # the traceback an interpreter prints for an uncaught exception
+        import traceback
+
+        traceback.print_exc()
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    try:
+        threading._shutdown()
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(code & 0xFF)
+
+
+SPAWNERS: dict[str, Callable] = {"exec": spawn_exec, "fork": ForkedNode}
+
+
+def spawner(name: str | None = None) -> Callable:
+    """The spawner called `name`, else $HFL_SPAWN, else DEFAULT."""
+    name = name or os.environ.get(SPAWN_ENV) or DEFAULT
+    try:
+        return SPAWNERS[name]
+    except KeyError:
+        raise ValueError(f"{SPAWN_ENV}={name!r}: choose one of {', '.join(SPAWNERS)}") from None

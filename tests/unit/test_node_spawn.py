@@ -1,0 +1,172 @@
+"""hfl/node_spawn.py: a forked node behaves like the Popen one (exit codes, signals, wait, environment, log,
+session, title), and the forkserver stays safe to fork (one thread) and dies with its launcher."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from hfl import node_spawn
+
+SPAWNERS = ["exec", "fork"]
+
+
+def start(kind, tmp_path, *args, env=None, name="node"):
+    argv = [sys.executable, "-m", "tests.unit.spawn_target", *args]
+    base = {"PATH": os.environ["PATH"], "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
+    return node_spawn.spawner(kind)(argv, tmp_path / f"{name}.log", {**base, **(env or {})})
+
+
+@pytest.mark.parametrize("kind", SPAWNERS)
+def test_exit_codes(kind, tmp_path):
+    assert start(kind, tmp_path, "exit", "3").wait(timeout=60) == 3
+    failed = start(kind, tmp_path, "raise", name="raise")
+    assert failed.wait(timeout=60) == 1 and failed.returncode == 1 and failed.poll() == 1
+    assert "RuntimeError: the node failed" in (tmp_path / "raise.log").read_text()
+
+
+@pytest.mark.parametrize("kind", SPAWNERS)
+def test_signals_wait_timeout_and_kill(kind, tmp_path):
+    node = start(kind, tmp_path, "sleep", "60")
+    with pytest.raises(subprocess.TimeoutExpired):
+        node.wait(timeout=0.2)
+    assert node.poll() is None and node.returncode is None
+    deadline = time.monotonic() + 60
+    while "sleeping" not in (tmp_path / "node.log").read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    node.send_signal(signal.SIGTERM)
+    assert node.wait(timeout=30) == -signal.SIGTERM
+    node = start(kind, tmp_path, "sleep", "60", name="killed")
+    node.kill()
+    assert node.wait(timeout=30) == -signal.SIGKILL
+    node = start(kind, tmp_path, "sleep", "60", name="terminated")
+    node.terminate()
+    assert node.wait(timeout=30) == -signal.SIGTERM
+
+
+@pytest.mark.parametrize("kind", SPAWNERS)
+def test_environment_log_session_and_title(kind, tmp_path, monkeypatch):
+    monkeypatch.setenv("HFL_RELAY_SECRET", "the launcher's")  # an edge's environment is given without it
+    (tmp_path / "node.log").write_text("earlier line\n")
+    node = start(kind, tmp_path, "report", env={"HFL_JOIN_SECRET": "j"})
+    deadline = time.monotonic() + 60
+    cmdline = []
+    while node.poll() is None and time.monotonic() < deadline:
+        try:
+            cmdline = psutil.Process(node.pid).cmdline() or cmdline
+        except psutil.Error:
+            pass
+        time.sleep(0.01)
+    assert node.wait(timeout=60) == 0
+    lines = (tmp_path / "node.log").read_text().splitlines()
+    assert lines[0] == "earlier line" and "to stderr" in lines  # appended; stdout and stderr both in the log
+    seen = json.loads(next(ln for ln in lines if ln.startswith("{")))
+    assert seen["env"]["HFL_JOIN_SECRET"] == "j" and "HFL_RELAY_SECRET" not in seen["env"]
+    assert seen["stdin"] == "" and seen["sid"] == seen["pid"] == node.pid
+    if kind == "fork":
+        from multiprocessing import forkserver
+
+        assert seen["env"]["HFL_PARENT_PID"] == str(forkserver._forkserver._forkserver_pid)  # die_with_parent's
+        assert "report" in cmdline and "tests.unit.spawn_target" in cmdline, cmdline
+
+
+def test_pythonpath_entries_import_in_a_forked_node(tmp_path):
+    """Plugins loaded by path: the PYTHONPATH the Testbed computes (child_pythonpath) is importable in the node."""
+    plugin_dir = tmp_path / "plugins"
+    plugin_dir.mkdir()
+    (plugin_dir / "my_fork_plugin.py").write_text("VALUE = 1\n")
+    env = {"PYTHONPATH": os.pathsep.join([str(plugin_dir), os.getcwd()])}
+    assert start("fork", tmp_path, "import", "my_fork_plugin", env=env).wait(timeout=60) == 0
+    assert start("fork", tmp_path, "import", "my_fork_plugin", name="without").wait(timeout=60) == 1
+
+
+@pytest.mark.parametrize("kind", SPAWNERS)
+def test_threads_joined_and_atexit_run_before_exit(kind, tmp_path):
+    assert start(kind, tmp_path, "exit_work").wait(timeout=60) == 5
+    text = (tmp_path / "node.log").read_text()
+    assert text.index("buffered, no newline") < text.index("thread finished") < text.index("atexit ran"), text
+
+
+def test_forkserver_has_one_thread(tmp_path):
+    """No torch op and no gRPC channel or server in the forkserver: either starts threads, and a process that
+    forks must have one (the preloaded modules are imported, nothing more)."""
+    from multiprocessing import forkserver
+
+    assert start("fork", tmp_path, "exit", "0").wait(timeout=60) == 0  # the preload is over once a node ran
+    server = psutil.Process(forkserver._forkserver._forkserver_pid)
+    assert server.num_threads() == 1
+    assert {"torch", "grpc", "hfl.device_client.host"} <= set(node_spawn.PRELOAD)
+
+
+def test_forked_nodes_die_with_the_launcher(tmp_path):
+    """kill -9 of the launcher: its forkserver exits (the nodes do not hold its 'alive' pipe), and the nodes with it
+    (die_with_parent's PR_SET_PDEATHSIG, armed against the forkserver)."""
+    launcher = textwrap.dedent(f"""
+        import pathlib, sys, time
+        from hfl import node_spawn
+        node_spawn.PRELOAD = ["hfl.testbed"]  # a launcher of its own: a quick forkserver
+        argv = [sys.executable, "-m", "tests.unit.spawn_target", "node", "600"]
+        node = node_spawn.spawner("fork")(argv, pathlib.Path({str(tmp_path)!r}) / "node.log",
+                                          {{"PATH": "/usr/bin:/bin", "PYTHONPATH": {os.getcwd()!r}}})
+        print(node.pid, flush=True)
+        time.sleep(600)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", launcher], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": os.getcwd()})
+    try:
+        node = psutil.Process(int(proc.stdout.readline()))
+        deadline = time.monotonic() + 60
+        log = tmp_path / "node.log"
+        while not (log.exists() and "running" in log.read_text()):  # bound to its parent by now
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+        proc.wait()
+    gone, alive = psutil.wait_procs([node], timeout=30)
+    assert not alive, "a forked node outlived its launcher"
+
+
+def test_nodes_forked_from_several_threads(tmp_path):
+    """`hfl sweep --jobs N` runs testbeds in threads of one process: they share the forkserver."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(i):
+        return start("fork", tmp_path, "exit", str(i), name=f"n{i}").wait(timeout=120)
+
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(one, range(8))) == list(range(8))
+
+
+def test_a_launcher_exits_without_waiting_for_its_forked_nodes(tmp_path):
+    """A launcher that exits with nodes left (no Testbed.close) neither hangs on them, as multiprocessing would
+    join its children at exit, nor leaves them behind."""
+    launcher = textwrap.dedent(f"""
+        import pathlib, sys, time
+        from hfl import node_spawn
+        node_spawn.PRELOAD = ["hfl.testbed"]
+        argv = [sys.executable, "-m", "tests.unit.spawn_target", "node", "600"]
+        log = pathlib.Path({str(tmp_path)!r}) / "node.log"
+        node = node_spawn.spawner("fork")(argv, log, {{"PATH": "/usr/bin:/bin", "PYTHONPATH": {os.getcwd()!r}}})
+        while not (log.exists() and "running" in log.read_text()):
+            time.sleep(0.05)
+        print(node.pid, flush=True)
+    """)
+    done = subprocess.run([sys.executable, "-c", launcher], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert done.returncode == 0, done.stderr[-2000:]
+    gone, alive = psutil.wait_procs([psutil.Process(int(done.stdout))], timeout=30)
+    assert not alive, "a forked node outlived its launcher"
+
+
+def test_unknown_spawner_is_refused(monkeypatch):
+    monkeypatch.setenv(node_spawn.SPAWN_ENV, "thread")
+    with pytest.raises(ValueError, match="exec, fork"):
+        node_spawn.spawner()
+    assert node_spawn.spawner("exec") is node_spawn.spawn_exec

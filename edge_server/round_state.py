@@ -63,3 +63,12 @@ class ClusterRound:
     dp_records: list = field(default_factory=list)  # every attempt's: an aborted attempt's releases count all the same
     clipped: int = 0
     tally: Tally = field(default_factory=Tally)
+
+
+def attempt_members(members, participants: set[str], live, may_restart: bool) -> tuple[set[str], set[str]]:
+    """Who an attempt waits for, and which of them are late: the participating members with a live session, and
+    those lost (before the attempt began) and still within their grace, unless the cluster cannot restart (a member
+    back then takes the next round, as one lost during the attempt does)."""
+    live_now = {m for m in members if m in participants and live.sessions.has(m)}
+    late = {m for m in members if m in participants and m in live.lost} if may_restart else set()
+    return live_now | late, late

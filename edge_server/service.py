@@ -3,8 +3,10 @@
 Liveness: every device holds a Presence stream; a device lost mid-round has `net.rejoin_grace_s` to
 come back. If every lost member comes back in time, the edge restarts its cluster's round (a new
 attempt): training is a pure function of (global model, seed, device, round, step), so the restarted
-round gives exactly what an uninterrupted one would have. Members that do not come back sit out the
-rest of the round and may rejoin at a later round.
+round gives exactly what an uninterrupted one would have. A member lost between rounds and still within
+its grace is waited for in the next attempt like one lost during it; back, it takes that attempt as it
+stands (it sent nothing in it), without a restart. Members that do not come back sit out the rest of the
+round and may rejoin at a later round.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from hfl.proto import hfl_v1_pb2 as pb
 from hfl.proto import hfl_v1_pb2_grpc as pbg
 
 from .modes import EdgePorts
-from .round_state import Barrier, ClusterRound, Contribution, Tally
+from .round_state import Barrier, ClusterRound, Contribution, Tally, attempt_members
 
 log = logging.getLogger("hfl.edge")
 
@@ -69,6 +71,7 @@ class EdgeServer(Gate, pbg.EdgeServiceServicer):
         self.barriers: dict[int, Barrier] = {}
         self.active_step: int | None = None
         self.round_members: set[str] = set()
+        self.late: set[str] = set()  # members of the attempt lost before it began, not back yet
         self.out: set[str] = set()
         self.bytes_up = 0
         self.bytes_down = 0
@@ -362,7 +365,8 @@ class EdgeServer(Gate, pbg.EdgeServiceServicer):
         """One attempt at the cluster's part of the round; None when a lost member came back (restart)."""
         seed = self.cfg.run.seed
         self.plan = list(task.phases)
-        self.round_members = {m for m in self.members if self.live.sessions.has(m) and m in self.ctx.participants}
+        self.round_members, self.late = attempt_members(self.members, self.ctx.participants, self.live,
+                                                        self.mode.may_restart)
         self.out = set()
         self.live.returned.clear()
         self.book.start_round()
@@ -416,6 +420,9 @@ class EdgeServer(Gate, pbg.EdgeServiceServicer):
             for node in sorted(self.live.expire() & self.round_members - self.out):
                 self.out.add(node)
                 log.warning("dropping %s from round %d: lost for %.0fs", node, self.round, self.live.grace_s)
+            back = self.live.returned & self.late  # lost before this attempt began: they join it as it stands
+            self.live.returned -= back
+            self.late -= back
             lost = set(self.live.lost) & self.round_members - self.out
             returned = self.live.returned & self.round_members
             if returned and not self.mode.may_restart:

@@ -1,4 +1,4 @@
-"""How the Testbed starts a node process, chosen by name (`HFL_SPAWN`, default `exec`):
+"""How the Testbed starts a node process, chosen by name (`HFL_SPAWN`, default `fork`):
 
 - `exec`: a fresh `python -m hfl.cli ROLE ...` per node (subprocess.Popen); every node imports torch and the
   services itself (~2.2 s of CPU per cloud and device host, ~0.5 s per edge).
@@ -11,6 +11,7 @@ leader of its own session under both (the Testbed signals its process group).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib
 import multiprocessing
 import os
@@ -20,10 +21,7 @@ import threading
 from typing import Callable
 
 SPAWN_ENV = "HFL_SPAWN"
-# exec until the edge keeps a device host that dies and is back within ~1 s in its round: forked, a restarted host
-# is back that fast, and tests/integration/test_faults.py::test_device_host_killed_and_restarted_gives_the_clean_metrics
-# then sees the edge drop its devices from a round (with the test's 0.5 s pause made 3 s it passes forked)
-DEFAULT = "exec"
+DEFAULT = "fork"
 
 # Imported once by the forkserver: what a cloud, an edge and a device host import before round 0 (measured with
 # PYTHONPROFILEIMPORTTIME on `hfl run`). Imports only: no torch op, no gRPC channel or server (both start threads,
@@ -46,12 +44,33 @@ def _context():
     return ctx
 
 
+@contextlib.contextmanager
+def _main_hidden():
+    """multiprocessing makes the forkserver and every child import the launcher's __main__ again (as __mp_main__):
+    a user's script without an `if __name__ == "__main__"` guard would then start its testbed once per node. A node
+    runs `hfl.cli`, never the launcher's script: hide it (its __spec__ and __file__) while a process starts."""
+    with _MAIN_LOCK:  # two threads starting nodes at once would otherwise save the hidden state as the real one
+        main = sys.modules["__main__"]
+        saved = {k: main.__dict__[k] for k in ("__spec__", "__file__") if k in main.__dict__}
+        main.__dict__.pop("__file__", None)
+        main.__spec__ = None
+        try:
+            yield
+        finally:
+            main.__dict__.pop("__spec__", None)
+            main.__dict__.update(saved)
+
+
+_MAIN_LOCK = threading.Lock()
+
+
 def warm() -> None:
     """Start the forkserver now (its imports then run while the launcher does other work); idempotent."""
     from multiprocessing import forkserver
 
     _context()
-    forkserver.ensure_running()
+    with _main_hidden():
+        forkserver.ensure_running()
 
 
 def server_pid() -> int | None:
@@ -73,7 +92,8 @@ class ForkedNode:
         self.args = list(argv)
         env = dict(env, HFL_PARENT_PID=str(_forkserver_pid()))  # the node's parent: die_with_parent arms against it
         self._proc = _context().Process(target=run_node, args=(self.args, str(log_path), env))
-        self._proc.start()
+        with _main_hidden():
+            self._proc.start()
         # not joined by multiprocessing's exit handler: a launcher that exits with nodes left (no Testbed.close)
         # must not hang on them; they die with it, as Popen ones do (PR_SET_PDEATHSIG through the forkserver)
         multiprocessing.process._children.discard(self._proc)

@@ -144,7 +144,7 @@ class Testbed:
     force: bool = False                     # start over in a run_dir that holds a run (its records are deleted)
     tolerate_failures: bool = False         # a dead edge or device host is recorded, not fatal (the cloud's death is)
     via: dict = field(default_factory=dict)  # node name -> address it dials instead of its upstream (a test's proxy)
-    spawn: str | None = None                # how nodes start (hfl/node_spawn.py): exec | fork; None: $HFL_SPAWN or exec
+    spawn: str | None = None                # how nodes start (hfl/node_spawn.py): exec | fork; None: $HFL_SPAWN or fork
     nodes: dict[str, Node] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:

@@ -165,6 +165,27 @@ def test_a_launcher_exits_without_waiting_for_its_forked_nodes(tmp_path):
     assert not alive, "a forked node outlived its launcher"
 
 
+def test_a_launcher_script_without_a_main_guard_runs_once(tmp_path):
+    """multiprocessing would import the launcher's script again in the forkserver and in each node: an unguarded
+    script would then launch once more per node. Its nodes run `python -m ...`, never the script."""
+    script = tmp_path / "launch.py"
+    script.write_text(textwrap.dedent(f"""
+        import pathlib, sys
+        from hfl import node_spawn
+        node_spawn.PRELOAD = ["hfl.testbed"]
+        print("launcher body ran", flush=True)
+        env = {{"PATH": "/usr/bin:/bin", "PYTHONPATH": {os.getcwd()!r}}}
+        nodes = [node_spawn.spawner("fork")([sys.executable, "-m", "tests.unit.spawn_target", "exit", str(i)],
+                                            pathlib.Path({str(tmp_path)!r}) / f"n{{i}}.log", env) for i in (3, 4)]
+        print("codes", [n.wait(timeout=60) for n in nodes], flush=True)
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("launcher body ran") == 1 and "codes [3, 4]" in done.stdout
+    assert "launcher body ran" not in (tmp_path / "n3.log").read_text()
+
+
 def test_unknown_spawner_is_refused(monkeypatch):
     monkeypatch.setenv(node_spawn.SPAWN_ENV, "thread")
     with pytest.raises(ValueError, match="exec, fork"):

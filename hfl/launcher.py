@@ -4,6 +4,7 @@ from __future__ import annotations
 import signal
 import time
 
+from rich import box
 from rich.console import Console
 from rich.live import Live
 from rich.markup import escape
@@ -61,22 +62,23 @@ def progress_table(info: dict, rows: list[dict], elapsed: float, phase: str, url
     rounds = info["rounds"]
     table = Table(title=f"{prefix}: {info['algorithm']}, {info['edges']} edges x {info['devices_per_edge']} devices, "
                         f"{info['dataset']} / {info['model']}", caption=phase, title_justify="left",
-                  caption_justify="left")
+                  caption_justify="left", box=box.SIMPLE_HEAD)
     private = any(r.get("epsilon_max") is not None for r in rows)
-    columns = ("round", "accuracy", "loss", "train loss", "bytes up", "bytes down", "refused", "round time")
-    for col in columns + (("epsilon (max)",) if private else ()):
-        table.add_column(col, justify="right")
+    # fits 80 columns (a pipe's width) with the privacy column: progress goes in the caption, the training loss
+    # stays in metrics.jsonl and on the live page
+    columns = ("round", "accuracy", "loss", "up", "down", "refused", "time")
+    for col in columns + (("eps max",) if private else ()):
+        table.add_column(col, justify="right", no_wrap=True)
     for r in rows[-12:]:
         acc = "-" if r["accuracy"] is None else f"{100 * r['accuracy']:.2f}%"
         loss = "-" if r["loss"] is None else f"{r['loss']:.4f}"
-        train = "-" if r.get("train_loss") is None else f"{r['train_loss']:.4f}"
         eps = (("-" if r.get("epsilon_max") is None else f"{r['epsilon_max']:.3g}"),) if private else ()
-        table.add_row(metrics.round_cell(r["round"], rounds), acc, loss, train, _fmt_bytes(r["bytes_up"]),
+        table.add_row(str(r["round"]), acc, loss, _fmt_bytes(r["bytes_up"]),
                       _fmt_bytes(r["bytes_down"]), str(r["refused"]), f"{r['round_seconds']:.1f}s", *eps)
     if len(rows) < rounds and not phase.startswith("done"):
         table.add_row(str(rows[-1]["round"] + 1 if rows else 0), "...", *[""] * (len(columns) - 2 + private))
     shown = f"; live page snapshot {url}" if url and url.endswith(".html") else f"; live page {url}" if url else ""
-    table.caption = f"{phase}, {elapsed:.1f}s since launch{shown}"
+    table.caption = f"{len(rows)}/{rounds} rounds done, {phase}, {elapsed:.1f}s since launch{shown}"
     return table
 
 

@@ -64,7 +64,7 @@ class DirSource:
         finished = (self.run_dir / "summary.json").is_file()
         elapsed = rows[-1]["wall_seconds"] if rows else 0.0
         if not finished:
-            return rows, f"{len(rows)} rounds written", elapsed, False
+            return rows, "running", elapsed, False
         try:
             stop = json.loads((self.run_dir / "summary.json").read_text()).get("stop_reason")
         except (OSError, ValueError):  # being written

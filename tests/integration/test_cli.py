@@ -37,6 +37,17 @@ def nodes_of(pid: int) -> list[psutil.Process]:
     return found
 
 
+def described(procs: list[psutil.Process]) -> list[str]:
+    """pid, state, parent and argv of each process still there (what a failure needs to say)."""
+    out = []
+    for p in procs:
+        try:
+            out.append(f"{p.pid} {p.status()} ppid {p.ppid()} {' '.join(p.cmdline())[:200]}")
+        except psutil.Error as exc:
+            out.append(f"{p.pid} ({exc.__class__.__name__})")
+    return out
+
+
 def test_hfl_run_writes_the_run_directory(tmp_path):
     out = tmp_path / "run"
     sets = [a for s in SMALL + ["run.rounds=2"] for a in ("--set", s)]
@@ -249,7 +260,7 @@ def test_nodes_die_with_a_killed_launcher(tmp_path):
         proc.kill()
         proc.wait()
     gone, alive = psutil.wait_procs(nodes, timeout=30)
-    assert not alive, f"nodes outlived the launcher: {[p.pid for p in alive]}"
+    assert not alive, f"nodes outlived the launcher: {described(alive)}"
 
 
 def test_interrupt_then_resume_without_refusals(tmp_path):

@@ -16,9 +16,25 @@ def test_console_table_shows_the_rows_round_and_the_next_one():
     cfg = config.load(None, ["run.rounds=4"])
     console = Console(width=200, record=True)
     console.print(progress_table(run_info(cfg), ROWS, 0.0, "running"))
-    lines = [line.strip("│ ").split()[0] for line in console.export_text().splitlines() if line.startswith("│")]
+    text = console.export_text()
+    lines = [line.split()[0] for line in text.splitlines() if line.split()[:1] and line.split()[0].isdigit()]
     assert lines == ["0", "1", "2", "3"]  # rounds 0..2, then round 3 in progress
-    assert metrics.round_cell(2, 4) == "2 (3/4 done)"
+    assert metrics.round_cell(2, 4) == "2 (3/4 done)"  # the one-line-per-round form (a pipe, a log)
+    assert "3/4 rounds done, running" in text
+
+
+def test_console_table_fits_80_columns_with_the_privacy_column():
+    """A pipe is 80 columns wide: no cell or heading of a long private run is cut (rich marks a cut with an
+    ellipsis)."""
+    cfg = config.load(None, ["run.rounds=300"])
+    rows = [dict(ROWS[0], round=r, bytes_up=123_456, bytes_down=1_234_567, round_seconds=11.6, epsilon_max=1.234)
+            for r in range(128)]
+    console = Console(width=80, record=True)
+    console.print(progress_table(run_info(cfg), rows, 47.6, "running", "http://127.0.0.1:39015/"))
+    text = console.export_text()
+    assert "…" not in text and "128/300 rounds done" in text
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "eps max" in text and "120.6 KiB" in text and "   127 " in text
 
 
 def test_accuracy_plot_x_is_the_rows_round():

@@ -6,6 +6,7 @@ import asyncio
 import collections
 import logging
 import time
+from typing import Iterable
 
 import grpc
 
@@ -36,7 +37,8 @@ class Refusals:
 
 
 class RoundBoard:
-    """The current round task, serialised once and streamed to every child that long-polls for it."""
+    """The current round task, serialised once and streamed to every child that long-polls for it; the children
+    `idle` this round (not drawn) get it without its tensors, which they would not read."""
 
     def __init__(self) -> None:
         self.round = -1
@@ -44,24 +46,40 @@ class RoundBoard:
         self.finished = False
         self.chunks: list[pb.Chunk] = []
         self.size = 0
+        self.idle: frozenset[str] = frozenset()
+        self.idle_chunks: list[pb.Chunk] = []
+        self.idle_size = 0
         self.fetched: dict[int, set[str]] = collections.defaultdict(set)
         self._cond = asyncio.Condition()
 
-    async def publish(self, round_: int, envelope: pb.Envelope, chunk_bytes: int, attempt: int = 0) -> None:
+    async def publish(self, round_: int, envelope: pb.Envelope, chunk_bytes: int, attempt: int = 0,
+                      idle: Iterable[str] = ()) -> None:
         payload = envelope.SerializeToString()
+        idle = frozenset(idle)
+        bare = b""
+        if idle:
+            stripped = pb.Envelope()
+            stripped.CopyFrom(envelope)
+            stripped.ClearField("tensors")
+            bare = stripped.SerializeToString()
         async with self._cond:
             self.round = round_
             self.attempt = attempt
             self.finished = envelope.task.finished
             self.chunks = list(wire.to_chunks(payload, chunk_bytes))
             self.size = len(payload)
+            self.idle = idle
+            self.idle_chunks = list(wire.to_chunks(bare, chunk_bytes)) if idle else []
+            self.idle_size = len(bare)
             self._cond.notify_all()
 
-    async def wait_after(self, after: int, after_attempt: int = 0) -> tuple[int, list[pb.Chunk], int]:
-        """The first task later than (after, after_attempt): a new round, or a restart of the same one."""
+    async def wait_after(self, after: int, after_attempt: int = 0, node: str = "") -> tuple[int, list[pb.Chunk], int]:
+        """The first task later than (after, after_attempt) for `node`: a new round, or a restart of the same one."""
         async with self._cond:
             await self._cond.wait_for(lambda: (self.round, self.attempt) > (after, after_attempt)
                                       or (self.finished and self.round >= 0))
+            if node in self.idle:
+                return self.round, self.idle_chunks, self.idle_size
             return self.round, self.chunks, self.size
 
     async def wait_fetched(self, round_: int, members: set[str], timeout: float) -> set[str]:
@@ -122,7 +140,8 @@ class Gate(Guarded):
         except wire.WireError as exc:
             await refuse(context, self.refusals, exc)
         self.fetching(request.node_id)
-        round_, chunks, size = await self.board.wait_after(request.after_round, request.after_attempt)
+        round_, chunks, size = await self.board.wait_after(request.after_round, request.after_attempt,
+                                                            request.node_id)
         for chunk in chunks:
             yield chunk
         self.bytes_down += size

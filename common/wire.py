@@ -4,6 +4,7 @@ Tensors travel as dtype + shape + encoding + bytes; nothing is ever pickled.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import AsyncIterator, Iterator
 
@@ -43,7 +44,7 @@ class RawCodec:
             raise WireError(grpc.StatusCode.INVALID_ARGUMENT,
                             f"tensor {tensor.name!r}: encoding {self.name!r} carries dtype {self.dtype}, got {tensor.dtype!r}",
                             "bad_dtype")
-        count = int(np.prod(tensor.shape)) if len(tensor.shape) else 1
+        count = math.prod(tensor.shape)
         itemsize = np.dtype(self.dtype).itemsize
         if len(tensor.data) != count * itemsize:
             raise WireError(grpc.StatusCode.INVALID_ARGUMENT,

@@ -168,13 +168,14 @@ class Device:
         dim = self.dim
         cluster = task.clusters[self.edge_id] if self.edge_id in task.clusters else pb.ClusterPlan()
         noise = instructions.read_device(cluster, self.id)  # refuses a plan it cannot execute as stated, up front
+        if (cluster.participants or cluster.only_listed) and self.id not in cluster.participants:
+            self.mode.end_round(None)  # not drawn: idle (sent no model), resynchronises from the next round's
+            return
         w, _ = self.downlink.receive(wire.single_tensor(envelope, "model"), dim, self.cfg.run.seed, self.index, task.round, -1)
         w = self.mode.start_round(w)
         anchor = w.copy()
         losses: list[float] = []
         batch = self.cfg.train.batch_size
-        if (cluster.participants or cluster.only_listed) and self.id not in cluster.participants:
-            return  # not drawn this round: idle, and resynchronise from the next round's global model
         extra: dict = {}  # scalars for the next upload (e.g. this round's smoothness estimate)
         encode = encode_overrides(cluster.devices[self.id].params) if self.id in cluster.devices else None
         sample_dp: list = []  # DP-SGD events of the local phases since the last upload, sent with it

@@ -387,7 +387,8 @@ class EdgeServer(Gate, pbg.EdgeServiceServicer):
         down = pb.Envelope(meta=pb.Meta(run_id=self.run_id, round=task.round, sender_id=self.id, attempt=self.attempt),
                            tensors=[self.downlink.send(global_w, "model", seed, self.index, task.round, -1)[0]],
                            task=device_task)
-        await self.board.publish(task.round, down, self.chunk_bytes, self.attempt)
+        await self.board.publish(task.round, down, self.chunk_bytes, self.attempt,
+                                 idle=() if everyone else set(self.members) - ctx.participants)
         self.clock.start(task.round, self.plan, self.round_members, self.board.size)
         if self.attempt:
             log.info("%s: round %d attempt %d with %d devices", self.id, task.round, self.attempt, len(self.round_members))

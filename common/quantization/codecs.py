@@ -11,6 +11,7 @@ is refused with WireError(INVALID_ARGUMENT, reason).
 """
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -74,7 +75,7 @@ def read_payload(tensor: pb.Tensor) -> Payload:
         raise _refuse(tensor, f"header version {version}, expected {VERSION}", "bad_header")
     if not 1 <= width <= 16:
         raise _refuse(tensor, f"header width {width} outside 1..16 bits", "bad_header")
-    count = int(np.prod(tensor.shape)) if len(tensor.shape) else 1
+    count = math.prod(tensor.shape)
     if length != count:
         raise _refuse(tensor, f"header length {length} does not match shape {list(tensor.shape)}", "bad_length")
     side_end = end + _FIXED.size + 4 * side_count

@@ -5,7 +5,7 @@ from torch.nn import functional as F
 
 from hfl.common.models import build, get_flat, init_parameters, num_parameters, set_flat
 from hfl.common.seeding import numpy_rng, torch_generator
-from hfl.device_client.training import evaluate, local_sgd, make_shard, minibatch_gradient, smoothness
+from hfl.device_client.training import clip_norm_, evaluate, local_sgd, make_shard, minibatch_gradient, smoothness
 
 
 def test_parameter_counts_match_the_papers():
@@ -91,3 +91,49 @@ def test_smoothness_is_the_gradient_change_over_the_step_on_one_batch():
     expected = np.linalg.norm(g_b.astype(np.float64) - g_a) / np.linalg.norm(w_b.astype(np.float64) - w_a)
     assert smoothness(model, w_a, w_b, s, 16, torch_generator(0, "device", 0, "beta")) == pytest.approx(expected, rel=1e-5)
     assert smoothness(model, w_a, w_a, s, 16, torch_generator(0, "device", 0, "beta")) == 0.0
+
+
+def reference_local_sgd(model, w, s, lr, batch, gen, steps, clip):
+    """The loop local_sgd replaced: torch's clip_grad_norm_ and one add_ per parameter."""
+    set_flat(model, w)
+    params = list(model.parameters())
+    for _ in range(steps):
+        idx = torch.randperm(len(s), generator=gen)[:batch]
+        x, y = s.batch(idx)
+        model.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+        if clip > 0:
+            torch.nn.utils.clip_grad_norm_(params, clip)
+        with torch.no_grad():
+            for p in params:
+                p.add_(p.grad, alpha=-lr)
+    return get_flat(model)
+
+
+@pytest.mark.parametrize("name,clip", [("mlp", 0.0), ("mlp", 0.05), ("mlp", 100.0), ("linear", 1.0),
+                                       ("mnist-cnn", 0.5)])
+def test_local_sgd_is_bitwise_the_loop_with_torchs_clip(name, clip):
+    rng = np.random.default_rng(3)
+    s = make_shard(rng.integers(0, 256, (40, 1, 28, 28)).astype(np.uint8), rng.integers(0, 10, 40), (0.3,), (0.3,))
+    model = build(name, (1, 28, 28), 10)
+    init_parameters(model, torch_generator(0, "cloud", 0))
+    w0 = get_flat(model)
+    w1, _, steps = local_sgd(model, w0, s, 0.1, 8, torch_generator(2, "device", 1), steps=4, clip=clip)
+    ref = reference_local_sgd(build(name, (1, 28, 28), 10), w0, s, 0.1, 8, torch_generator(2, "device", 1), 4, clip)
+    assert steps == 4 and not np.array_equal(w1, w0)
+    assert np.array_equal(w1, ref)
+
+
+def test_clip_norm_is_bitwise_torchs_clip_grad_norm():
+    gen = torch.Generator().manual_seed(5)
+    for scale in (1e-3, 1.0, 1e3):
+        grads = [torch.randn(shape, generator=gen) * scale for shape in ((200, 784), (200,), (10, 200), (10,))]
+        ours = [torch.zeros_like(g, requires_grad=True) for g in grads]
+        theirs = [torch.zeros_like(g, requires_grad=True) for g in grads]
+        for a, b, g in zip(ours, theirs, grads):
+            a.grad, b.grad = g.clone(), g.clone()
+        clip_norm_(ours, 1.0)
+        torch.nn.utils.clip_grad_norm_(theirs, 1.0)
+        assert all(torch.equal(a.grad, b.grad) for a, b in zip(ours, theirs))
+        joint = torch.linalg.vector_norm(torch.cat([a.grad.reshape(-1) for a in ours]))
+        assert float(joint) <= 1.0 + 1e-5 and (scale < 1 or float(joint) > 0.99)

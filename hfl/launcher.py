@@ -77,7 +77,7 @@ def progress_table(info: dict, rows: list[dict], elapsed: float, phase: str, url
                       _fmt_bytes(r["bytes_down"]), str(r["refused"]), f"{r['round_seconds']:.1f}s", *eps)
     if len(rows) < rounds and not phase.startswith("done"):
         table.add_row(str(rows[-1]["round"] + 1 if rows else 0), "...", *[""] * (len(columns) - 2 + private))
-    shown = f"; live page snapshot {url}" if url and url.endswith(".html") else f"; live page {url}" if url else ""
+    shown = f"\nlive page snapshot {url}" if url and url.endswith(".html") else f"\nlive page {url}" if url else ""
     table.caption = f"{len(rows)}/{rounds} rounds done, {phase}, {elapsed:.1f}s since launch{shown}"
     return table
 

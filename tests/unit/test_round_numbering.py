@@ -35,6 +35,7 @@ def test_console_table_fits_80_columns_with_the_privacy_column():
     assert "…" not in text and "128/300 rounds done" in text
     assert max(len(line) for line in text.splitlines()) <= 80
     assert "eps max" in text and "120.6 KiB" in text and "   127 " in text
+    assert "\nlive page http://127.0.0.1:39015/" in text  # the URL whole, on its own line
 
 
 def test_accuracy_plot_x_is_the_rows_round():

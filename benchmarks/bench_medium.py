@@ -92,6 +92,7 @@ def testbed(rounds: int) -> dict:
 def paper003(repeats: int) -> dict:
     import torch
 
+    import hfl.families  # noqa: F401  ([channel] and the air algorithms register here)
     from hfl.common import config, plans
     from hfl.common.channel import medium
     from hfl.common.channel import plane as air
@@ -102,7 +103,7 @@ def paper003(repeats: int) -> dict:
     torch.set_num_threads(1)
     cfg = config.load("deploy/configs/scale-ota-fmnist.toml")
     pl = air.plane_for(cfg)
-    phases = plans.multiairfed(cfg)
+    phases = plans.build_plan(cfg)
     steps = air.air_steps(phases)
     collab = pl.collaborating()
     model = build(cfg.model.name, (1, 28, 28), 10)

@@ -28,17 +28,21 @@ size d = 30,000: the uplink superposition (medium_slot) and the simultaneous dow
 """
 from __future__ import annotations
 
-import argparse
-import json
-import statistics
-import time
+import os
 
-import numpy as np
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # BLAS on one thread, as measured (before numpy loads it)
 
-from hfl.common.channel import ota
-from hfl.common.channel.geometry import matern_cluster
-from hfl.common.channel.ota import OtaParams
-from hfl.common.channel.power import normalise
+import argparse  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from hfl.common.channel import ota  # noqa: E402
+from hfl.common.channel.geometry import matern_cluster  # noqa: E402
+from hfl.common.channel.ota import OtaParams  # noqa: E402
+from hfl.common.channel.power import normalise  # noqa: E402
 
 
 def bench(d: int, repeats: int, mode: str, seed: int = 0) -> dict:

@@ -521,17 +521,17 @@ def _measure_then_add(rows: np.ndarray, own: np.ndarray, head: np.ndarray) -> tu
     n, d = rows.shape[0], rows.shape[-1]
     flat = rows.reshape(2 * n, d)
     head = head.reshape(-1, d)
-    # the small products go through torch (its threads are the process's torch_threads): numpy's BLAS would wake
-    # its own threads for each block and spin them, ~10x the CPU time on the shared 2 cores
-    own = torch.from_numpy(np.ascontiguousarray(own, dtype=np.float32))
-    source = torch.from_numpy(np.ascontiguousarray(head, dtype=np.float32))
+    # the small products by einsum's own loop, not BLAS: numpy's BLAS would wake its threads for each block and spin
+    # them (~10x the CPU time on the shared 2 cores), and torch's gemm is not bitwise repeatable across runs (a seeded
+    # run must repeat exactly: tests/integration/test_medium.py)
+    own = np.ascontiguousarray(own, dtype=np.float32)
     power, own_power = np.zeros(2 * n), np.zeros(2 * n)
     part = np.empty((2 * n, min(d, MEASURE_COLUMNS)), dtype=np.float32)
     for c0 in range(0, d, MEASURE_COLUMNS):
         c1 = min(d, c0 + MEASURE_COLUMNS)
         block, add = flat[:, c0:c1], part[:, :c1 - c0]
         power += np.einsum("ij,ij->i", block, block)
-        torch.mm(own, source[:, c0:c1], out=torch.from_numpy(add))
+        np.einsum("ik,kj->ij", own, head[:, c0:c1], out=add)
         own_power += np.einsum("ij,ij->i", add, add)
         block += add
     return power.reshape(n, 2).sum(axis=1), own_power.reshape(n, 2).sum(axis=1)

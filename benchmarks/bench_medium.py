@@ -9,12 +9,10 @@ turns in every repeat; CPU time of this process (torch and BLAS on one thread), 
 share of a round is medium / (medium + training / 2): the training splits over the 2 cores (per-core hosts) while
 every device waits on the medium's slot barrier. To time the code of another commit, point PYTHONPATH at it.
 
-Measured 2026-11-25 (2 shared cores, load average 11-12), before (9b69f17) and after issue 25's medium work, one
-run each in turn, `PYTHONPATH=<tree> python benchmarks/bench_medium.py --paper003 --repeats 1`:
-    medium a round   6.60 s -> 2.74 s (0.94 -> 0.39 s a slot)    devices' air work   1.47 s -> 0.39 s
-    training a round 15.8 s (both)    medium / training 0.42 -> 0.17    share of a round 45.5% -> 25.8%
-Where a slot goes now (CPU, micro-timed): 2 x 45 x d normals ~0.08 s, the [90, 96] x [96, d] product ~0.05 s, the
-own part and the measured power ~0.06 s, the uplink ~0.05 s. Target < 10%: not met.
+Measured 2026-11-25 (2 shared cores, load average 4-10), before (6f793b5) and after issue 25's second medium pass
+(branch i25med), four runs each in turn, `PYTHONPATH=<tree> python benchmarks/bench_medium.py --paper003 --repeats 3`:
+    medium a round   2.45 s -> 1.83 s (0.35 -> 0.26 s a slot; medians)    share of a round 27.0% -> 21.7%
+(benchmarks/reports/medium-paper003.md: the profile, every run, what is left). Target < 10%: not met.
 
 --testbed: a real run (multiairfed over the air, 6 edges x 10 devices, mnist-cnn: d = 28,938, the plane's
 interferer clusters, one host process per core): the medium's compute time per slot and its share of the

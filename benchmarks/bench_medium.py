@@ -94,7 +94,7 @@ def testbed(rounds: int) -> dict:
 def paper003(repeats: int) -> dict:
     import torch
 
-    import hfl.families  # noqa: F401  ([channel] and the air algorithms register here)
+    from hfl import families
     from hfl.common import config, plans
     from hfl.common.channel import medium
     from hfl.common.channel import plane as air
@@ -103,6 +103,7 @@ def paper003(repeats: int) -> dict:
     from hfl.device_client.training import local_sgd, make_shard
 
     torch.set_num_threads(1)
+    assert families  # [channel] and the air algorithms register on its import
     cfg = config.load("deploy/configs/scale-ota-fmnist.toml")
     pl = air.plane_for(cfg)
     phases = plans.build_plan(cfg)

@@ -3,8 +3,8 @@ emissions (paper 003, digest 2.3 steps 2.3-2.8 and 4-7).
 
 OTA: the uplink superposes every transmitter of the plane at every collaborating edge (ota.uplink_rows, the
 float32 form of ota.medium_slot; interferer clusters simulated), each edge re-broadcasts its received signal
-normalised by E = rho |A_x| + Psi (group = 0) or every edge of the group broadcasts the core's sum normalised by E = rho |A| + C Psi
-(group = 1), and every listed device receives the superposition of all edges (ota.broadcast_rows, the float32 form of
+normalised by E = rho |A_x| + Psi (group = 0) or every edge of the group broadcasts the core's sum normalised by
+E = rho |A| + C Psi (group = 1), and every listed device receives the superposition of all edges (ota.broadcast_rows, the float32 form of
 ota.medium_broadcast).
 Orthogonal: every device receives the exact mean of its cluster's (group = 0) or the group's (group = 1)
 active payloads, de-normalised.

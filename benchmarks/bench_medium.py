@@ -9,12 +9,10 @@ turns in every repeat; CPU time of this process (torch and BLAS on one thread), 
 share of a round is medium / (medium + training / 2): the training splits over the 2 cores (per-core hosts) while
 every device waits on the medium's slot barrier. To time the code of another commit, point PYTHONPATH at it.
 
-Measured 2026-11-25 (2 shared cores, load average 11-12), before (9b69f17) and after issue 25's medium work, one
-run each in turn, `PYTHONPATH=<tree> python benchmarks/bench_medium.py --paper003 --repeats 1`:
-    medium a round   6.60 s -> 2.74 s (0.94 -> 0.39 s a slot)    devices' air work   1.47 s -> 0.39 s
-    training a round 15.8 s (both)    medium / training 0.42 -> 0.17    share of a round 45.5% -> 25.8%
-Where a slot goes now (CPU, micro-timed): 2 x 45 x d normals ~0.08 s, the [90, 96] x [96, d] product ~0.05 s, the
-own part and the measured power ~0.06 s, the uplink ~0.05 s. Target < 10%: not met.
+Measured 2026-11-25 (2 shared cores, load average 4-10), before (6f793b5) and after issue 25's second medium pass
+(branch i25med), four runs each in turn, `PYTHONPATH=<tree> python benchmarks/bench_medium.py --paper003 --repeats 3`:
+    medium a round   2.45 s -> 1.83 s (0.35 -> 0.26 s a slot; medians)    share of a round 27.0% -> 21.7%
+(benchmarks/reports/medium-paper003.md: the profile, every run, what is left). Target < 10%: not met.
 
 --testbed: a real run (multiairfed over the air, 6 edges x 10 devices, mnist-cnn: d = 28,938, the plane's
 interferer clusters, one host process per core): the medium's compute time per slot and its share of the
@@ -28,17 +26,21 @@ size d = 30,000: the uplink superposition (medium_slot) and the simultaneous dow
 """
 from __future__ import annotations
 
-import argparse
-import json
-import statistics
-import time
+import os
 
-import numpy as np
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # BLAS on one thread, as measured (before numpy loads it)
 
-from hfl.common.channel import ota
-from hfl.common.channel.geometry import matern_cluster
-from hfl.common.channel.ota import OtaParams
-from hfl.common.channel.power import normalise
+import argparse  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from hfl.common.channel import ota  # noqa: E402
+from hfl.common.channel.geometry import matern_cluster  # noqa: E402
+from hfl.common.channel.ota import OtaParams  # noqa: E402
+from hfl.common.channel.power import normalise  # noqa: E402
 
 
 def bench(d: int, repeats: int, mode: str, seed: int = 0) -> dict:
@@ -92,6 +94,7 @@ def testbed(rounds: int) -> dict:
 def paper003(repeats: int) -> dict:
     import torch
 
+    from hfl import families
     from hfl.common import config, plans
     from hfl.common.channel import medium
     from hfl.common.channel import plane as air
@@ -100,9 +103,10 @@ def paper003(repeats: int) -> dict:
     from hfl.device_client.training import local_sgd, make_shard
 
     torch.set_num_threads(1)
+    assert families  # [channel] and the air algorithms register on its import
     cfg = config.load("deploy/configs/scale-ota-fmnist.toml")
     pl = air.plane_for(cfg)
-    phases = plans.multiairfed(cfg)
+    phases = plans.build_plan(cfg)
     steps = air.air_steps(phases)
     collab = pl.collaborating()
     model = build(cfg.model.name, (1, 28, 28), 10)

@@ -1,10 +1,10 @@
 """One air slot of the run as a pure function: what the medium computes from every collaborating cluster's
 emissions (paper 003, digest 2.3 steps 2.3-2.8 and 4-7).
 
-OTA: the uplink superposes every transmitter of the plane at every collaborating edge (ota.medium_slot,
-interferer clusters simulated), each edge re-broadcasts its received signal normalised by E = rho |A_x| + Psi
-(group = 0) or every edge of the group broadcasts the core's sum normalised by E = rho |A| + C Psi
-(group = 1), and every listed device receives the superposition of all edges (ota.broadcast_rows, the float32 form of
+OTA: the uplink superposes every transmitter of the plane at every collaborating edge (ota.uplink_rows, the
+float32 form of ota.medium_slot; interferer clusters simulated), each edge re-broadcasts its received signal
+normalised by E = rho |A_x| + Psi (group = 0) or every edge of the group broadcasts the core's sum normalised by
+E = rho |A| + C Psi (group = 1), and every listed device receives the superposition of all edges (ota.broadcast_rows, the float32 form of
 ota.medium_broadcast).
 Orthogonal: every device receives the exact mean of its cluster's (group = 0) or the group's (group = 1)
 active payloads, de-normalised.
@@ -80,7 +80,7 @@ def air_slot(plane: Plane, round_: int, step: int, group: bool, payloads: np.nda
     weights = np.zeros((C, tx.size))
     weights[cluster_of_tx, np.arange(tx.size)] = sigma
     total = float(np.sum(samples)) if samples is not None else tx.size  # sum D_y, or |A|
-    ideal = ((sigma @ payloads + mu.sum()) / total).astype(np.float32) if tx.size else None
+    ideal = ((sigma.astype(np.float32) @ payloads + np.float32(mu.sum())) / np.float32(total)) if tx.size else None
     if group:
         n_active = np.full(listen.size, counts.sum())
         sigma_sum, mu_mean = np.full(listen.size, sig.sum()), np.full(listen.size, mus.sum() / (counts.sum() or 1.0))
@@ -96,7 +96,7 @@ def air_slot(plane: Plane, round_: int, step: int, group: bool, payloads: np.nda
                           ideal=ideal)
 
     slot = slot_id(round_, step)
-    rec = ota.medium_slot(payloads, tx, top, slot, plane.seed, plane.params, rng, receivers=np.arange(C), alive=alive)
+    rec = ota.uplink_rows(payloads, tx, top, slot, plane.seed, plane.params, rng, receivers=np.arange(C), alive=alive)
     psi_samples = ota.psi_sample(rec.received, rec.n_active, plane.rho)
     if group:
         E = ota.edge_power(plane.rho, rec.n_active.sum(), psi, C)

@@ -18,6 +18,8 @@ from .geometry import Topology
 from .power import active_mask, inversion_coefficient, inversion_rho
 
 PSI_MODES = ("paper", "corrected", "empirical")
+TRIANGLE_BLOCK = 48  # rows per block of the triangular product (_into_rows): two blocks for 45 listeners
+MEASURE_COLUMNS = 8192  # columns per block where the rows' powers are measured and the own part added
 INTERFERER_MODES = ("explicit", "aggregate", "independent")
 
 
@@ -133,7 +135,15 @@ def dy_count(samples, cluster_of_tx, clusters: int) -> np.ndarray:
 def psi_sample(received: np.ndarray, n_active, rho: float) -> np.ndarray:
     """One empirical Psi observation per receiver: ||v_u||^2 / d - rho |A| (digest 10.2, `empirical`)."""
     v = np.atleast_2d(received)
-    return np.mean(np.abs(v) ** 2, axis=1) - rho * np.asarray(n_active, dtype=np.float64)
+    return _row_power(v) / v.shape[-1] - rho * np.asarray(n_active, dtype=np.float64)
+
+
+def _row_power(v: np.ndarray) -> np.ndarray:
+    """||v_i||^2 per receiver of complex [n, d] vectors or real [n, 2, d] rows, accumulated in float64."""
+    if np.iscomplexobj(v):
+        return np.einsum("ij,ij->i", v.real, v.real) + np.einsum("ij,ij->i", v.imag, v.imag)
+    flat = v.reshape(v.shape[0], -1)
+    return np.einsum("ij,ij->i", flat, flat, dtype=np.float64)
 
 
 def running_mean(mean: float, count: int, samples) -> tuple[float, int]:
@@ -304,9 +314,12 @@ def folds(mode: str, noise_var: float, n_rx: int) -> bool:
 
 
 def folded_factor(gains: np.ndarray, noise_var: float) -> np.ndarray:
-    """[2 n_rx, 2 n_rx] float32 Cholesky factor L of S S^T + noise_var / 2 I, S = [Re gains; Im gains]: L W with W
-    iid N(0, 1) [2 n_rx, d] is every receiver's interference plus CN(0, noise_var) noise, rows [Re; Im]."""
-    stacked = np.vstack([gains.real, gains.imag])
+    """[2 n_rx, 2 n_rx] float32 lower-triangular Cholesky factor L of S S^T + noise_var / 2 I, S the real gains
+    interleaved by receiver (row 2i Re gains[i], row 2i + 1 Im gains[i]): L W with W iid N(0, 1) [2 n_rx, d] is
+    every receiver's interference plus CN(0, noise_var) noise, rows (Re r_0, Im r_0, Re r_1, ...), the layout of
+    the devices' [n_rx, 2, d] rows. Row k of L W needs only W's first k + 1 rows (broadcast_rows uses it)."""
+    stacked = np.empty((2 * gains.shape[0], gains.shape[1]))
+    stacked[0::2], stacked[1::2] = gains.real, gains.imag
     cov = stacked @ stacked.T + (noise_var / 2) * np.eye(stacked.shape[0])
     return np.linalg.cholesky(cov).astype(np.float32)
 
@@ -315,17 +328,18 @@ def interference_and_noise(gains: np.ndarray, d: int, rng: np.random.Generator, 
                            noise_var: float) -> tuple[np.ndarray, bool]:
     """gains @ Z (Z iid N(0, 1)) plus CN(0, noise_var) noise per entry; returns (draw, noise folded in).
 
-    In `aggregate` mode with noise, both are one joint Gaussian draw: the real stacked [Re; Im] of every receiver
-    has covariance S S^T + noise_var / 2 I (S = [Re gains; Im gains]), drawn as L W with L its Cholesky factor and
-    W iid [2 n_rx, d]: the same law as drawing them apart, at 2 n_rx d normals instead of (n_tx + 2 n_rx) d."""
+    In `aggregate` mode with noise, both are one joint Gaussian draw: the real interleaved (Re, Im) of every
+    receiver has covariance S S^T + noise_var / 2 I (S the interleaved real gains), drawn as L W with L its
+    Cholesky factor (folded_factor) and W iid [2 n_rx, d]: the same law as drawing them apart, at 2 n_rx d normals
+    instead of (n_tx + 2 n_rx) d."""
     gains = np.atleast_2d(gains)
     n_rx = gains.shape[0]
     if not folds(mode, noise_var, n_rx):
         return gaussian_superposition(gains, d, rng, mode, chunk), False
     out = folded_factor(gains, noise_var) @ standard_normals(rng, np.empty((2 * n_rx, d), dtype=np.float32))
     drawn = np.empty((n_rx, d), dtype=np.complex128)
-    drawn.real = out[:n_rx]
-    drawn.imag = out[n_rx:]
+    drawn.real = out[0::2]
+    drawn.imag = out[1::2]
     return drawn, True
 
 
@@ -380,19 +394,11 @@ class Reception:
     missing: np.ndarray  # uplink: active collaborating devices that did not transmit
 
 
-def medium_slot(payloads: np.ndarray, tx_devices, topology: Topology, slot: int, seed: int, params: OtaParams,
-                rng: np.random.Generator, receivers=None, alive=None) -> Reception:
-    """One OTA uplink slot (paper 003, eq. 14): every receiving edge gets the exact superposition of every
-    transmitting device in the plane, plus the non-collaborating clusters' iid N(0,1) payloads under the
-    same power control (digest 10.8), plus CN(0, sigma_en^2) noise.
-
-    payloads: [n_tx, d] normalised rows of the transmitting collaborating devices `tx_devices`, which must
-    be exactly the active devices of their clusters (a missing active device would bias the estimator).
-    receivers: edges to compute (default: the C collaborating edges).
-    alive: [n_devices] mask of devices still in the round (default all); activity is decided among them.
-    n_active of a collaborating edge counts the transmitters actually given; `missing` lists active
-    collaborating devices that did not transmit (the caller decides what to do about them).
-    """
+def _uplink_links(payloads, tx_devices, topology: Topology, slot: int, seed: int, params: OtaParams, receivers,
+                  alive):
+    """The uplink slot's checked inputs: (payloads, tx, rx, n_active of each receiving edge, missing active
+    collaborating devices, active interferers, own-cluster mask [n_rx, n_tx], gains [n_rx, n_tx], interferers' gains
+    [n_rx, n_int] or None where none is heard, rho)."""
     payloads = np.atleast_2d(np.asarray(payloads))
     tx = np.asarray(tx_devices, dtype=np.int64).reshape(-1)
     if payloads.shape[0] != tx.size:
@@ -412,25 +418,42 @@ def medium_slot(payloads: np.ndarray, tx_devices, topology: Topology, slot: int,
     counts = np.bincount(topology.device_edge[active], minlength=topology.n_edges)
     counts[:topology.collaborating] = np.bincount(topology.device_edge[tx], minlength=topology.n_edges)[
         :topology.collaborating]
-    n_active = counts[rx]
     sent = np.zeros(topology.n_devices, dtype=bool)
     sent[tx] = True
     missing = np.flatnonzero(active & ~sent & (topology.device_edge < topology.collaborating))
-    d = payloads.shape[1]
     rho = rho_for(topology, params)
-
     gains = uplink_gains(topology, slot, seed, tx, rx, params, rho)
     is_own = topology.device_edge[tx][None, :] == rx[:, None]
     if not params.interference:
         gains = np.where(is_own, gains, 0.0)
+    interferers = np.flatnonzero(active & (topology.device_edge >= topology.collaborating))
+    heard = params.interference and interferers.size
+    gi = uplink_gains(topology, slot, seed, interferers, rx, params, rho) if heard else None
+    return payloads, tx, rx, counts[rx], missing, interferers, is_own, gains, gi, rho
+
+
+def medium_slot(payloads: np.ndarray, tx_devices, topology: Topology, slot: int, seed: int, params: OtaParams,
+                rng: np.random.Generator, receivers=None, alive=None) -> Reception:
+    """One OTA uplink slot (paper 003, eq. 14): every receiving edge gets the exact superposition of every
+    transmitting device in the plane, plus the non-collaborating clusters' iid N(0,1) payloads under the
+    same power control (digest 10.8), plus CN(0, sigma_en^2) noise.
+
+    payloads: [n_tx, d] normalised rows of the transmitting collaborating devices `tx_devices`, which must
+    be exactly the active devices of their clusters (a missing active device would bias the estimator).
+    receivers: edges to compute (default: the C collaborating edges).
+    alive: [n_devices] mask of devices still in the round (default all); activity is decided among them.
+    n_active of a collaborating edge counts the transmitters actually given; `missing` lists active
+    collaborating devices that did not transmit (the caller decides what to do about them).
+    """
+    payloads, tx, rx, n_active, missing, interferers, is_own, gains, gi, rho = _uplink_links(
+        payloads, tx_devices, topology, slot, seed, params, receivers, alive)
+    d = payloads.shape[1]
     received = superpose(gains, payloads)
     signal = np.sqrt(rho) * (is_own.astype(payloads.dtype) @ payloads)  # own cluster: real sqrt(rho) sum
 
-    interferers = np.flatnonzero(active & (topology.device_edge >= topology.collaborating))
     noise_var = params.sigma_en2 if params.noise else 0.0
     folded = False
-    if params.interference and interferers.size:
-        gi = uplink_gains(topology, slot, seed, interferers, rx, params, rho)
+    if gi is not None:
         drawn, folded = interference_and_noise(gi, d, rng, params.interferers, params.chunk, noise_var)
         received += drawn
     # measured interference; with the noise folded into the same draw its expectation is taken off
@@ -439,6 +462,84 @@ def medium_slot(payloads: np.ndarray, tx_devices, topology: Topology, slot: int,
         received += awgn(received.shape, noise_var, rng)
     return Reception(received, rx, n_active, np.mean(np.abs(signal) ** 2, axis=1), interference_power,
                      int(interferers.size if params.interference else 0), missing)
+
+
+def uplink_rows(payloads: np.ndarray, tx_devices, topology: Topology, slot: int, seed: int, params: OtaParams,
+                rng: np.random.Generator, receivers=None, alive=None) -> Reception:
+    """medium_slot computed in float32 straight into the edges' rows: `received` is [n_rx, 2, d] float32 (real and
+    imaginary parts). Same gains, same draws from `rng` in the same order, so the same rows as medium_slot's up to
+    float32 round-off (tests/unit/test_channel_ota.py). The other clusters' devices and, where folded, the
+    interferers and the noise are one product (_into_rows); the own cluster's real sqrt(rho) sum is added after the
+    interference power is measured."""
+    payloads, tx, rx, n_active, missing, interferers, is_own, gains, gi, rho = _uplink_links(
+        payloads, tx_devices, topology, slot, seed, params, receivers, alive)
+    n, t, d = rx.size, tx.size, payloads.shape[1]
+    noise_var = params.sigma_en2 if params.noise else 0.0
+    folded = gi is not None and folds(params.interferers, noise_var, n)
+    left = np.zeros((2 * n, t + (2 * n if folded else 0)), dtype=np.float32)
+    others = np.where(is_own, 0.0, gains)
+    left[0::2, :t], left[1::2, :t] = others.real, others.imag
+    rows = _into_rows(left, payloads, gi if folded else None, noise_var, rng)
+    if gi is not None and not folded:
+        _add_complex(rows, interference_and_noise(gi, d, rng, params.interferers, params.chunk, noise_var)[0])
+    own = np.zeros((2 * n, t), dtype=np.float32)
+    own[0::2] = np.sqrt(rho) * is_own  # towards its own edge an active device's gain is exactly sqrt(rho)
+    power, signal_power = _measure_then_add(rows, own, payloads)
+    interference_power = np.maximum(power / d - (noise_var if folded else 0.0), 0.0)
+    if noise_var > 0 and not folded:
+        _add_complex(rows, awgn((n, d), noise_var, rng))
+    return Reception(rows, rx, n_active, signal_power / d, interference_power,
+                     int(interferers.size if params.interference else 0), missing)
+
+
+def _into_rows(left: np.ndarray, head: np.ndarray, folded_gains, noise_var: float, rng) -> np.ndarray:
+    """[n, 2, d] float32 rows = left @ [head; W]: head [k, d] (payloads, or the edges' interleaved signals) and,
+    where folded_gains is given, W iid N(0, 1) [2 n, d] drawn in place (standard_normals) behind the factor
+    left[:, k:] = folded_factor(folded_gains, noise_var). That factor is lower triangular, so the product goes by
+    blocks of rows, each over only the head and the W rows its block reaches: about half of the W part's
+    multiply-adds (~(2n)^2 / 2 instead of (2n)^2 a column)."""
+    k, d = head.shape[0], head.shape[-1]
+    stack = np.empty((left.shape[1], d), dtype=np.float32)
+    stack[:k] = head.reshape(k, d)
+    rows = np.empty((left.shape[0] // 2, 2, d), dtype=np.float32)
+    flat = rows.reshape(left.shape[0], d)
+    if folded_gains is None:
+        np.matmul(left, stack, out=flat)
+        return rows
+    left[:, k:] = folded_factor(folded_gains, noise_var)
+    standard_normals(rng, stack[k:])
+    for r0 in range(0, flat.shape[0], TRIANGLE_BLOCK):
+        r1 = min(flat.shape[0], r0 + TRIANGLE_BLOCK)
+        np.matmul(left[r0:r1, :k + r1], stack[:k + r1], out=flat[r0:r1])
+    return rows
+
+
+def _measure_then_add(rows: np.ndarray, own: np.ndarray, head: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per receiver, ||rows_i||^2 as they are, then rows += own @ head and ||(own @ head)_i||^2: one pass over the
+    [n, 2, d] rows by blocks of MEASURE_COLUMNS columns (each block's sums in float32 while it is in cache, added
+    in float64). rows [n, 2, d] float32; own [2 n, k]; head [k, d]."""
+    n, d = rows.shape[0], rows.shape[-1]
+    flat = rows.reshape(2 * n, d)
+    head = head.reshape(-1, d)
+    # the small products by einsum's own loop, not BLAS: numpy's BLAS would wake its threads for each block and spin
+    # them (~10x the CPU time on the shared 2 cores), and torch's gemm is not bitwise repeatable across runs (a seeded
+    # run must repeat exactly: tests/integration/test_medium.py)
+    own = np.ascontiguousarray(own, dtype=np.float32)
+    power, own_power = np.zeros(2 * n), np.zeros(2 * n)
+    part = np.empty((2 * n, min(d, MEASURE_COLUMNS)), dtype=np.float32)
+    for c0 in range(0, d, MEASURE_COLUMNS):
+        c1 = min(d, c0 + MEASURE_COLUMNS)
+        block, add = flat[:, c0:c1], part[:, :c1 - c0]
+        power += np.einsum("ij,ij->i", block, block)
+        np.einsum("ik,kj->ij", own, head[:, c0:c1], out=add)
+        own_power += np.einsum("ij,ij->i", add, add)
+        block += add
+    return power.reshape(n, 2).sum(axis=1), own_power.reshape(n, 2).sum(axis=1)
+
+
+def _add_complex(rows: np.ndarray, z: np.ndarray) -> None:
+    rows[:, 0] += z.real
+    rows[:, 1] += z.imag
 
 
 def medium_broadcast(edge_signals: np.ndarray, tx_edges, rx_devices, topology: Topology, slot: int, seed: int,
@@ -506,57 +607,58 @@ def _broadcast_links(edge_signals, tx_edges, rx_devices, topology: Topology, slo
 
 
 def _interleaved(g: np.ndarray) -> np.ndarray:
-    """[2 n_rx, 2 n_tx] float32 real form of complex gains g: row 2i gives Re r_i, row 2i + 1 Im r_i from
-    [Re s; Im s], so a product lands in [n_rx, 2, d] (re, im) rows without a copy."""
+    """[2 n_rx, 2 n_tx] float32 real form of complex gains g on interleaved rows and columns: row 2i gives Re r_i,
+    row 2i + 1 Im r_i from the signals' rows (Re s_0, Im s_0, Re s_1, ...), so a product lands in [n_rx, 2, d]
+    (re, im) rows without a copy."""
     n, m = g.shape
     out = np.empty((2 * n, 2 * m), dtype=np.float32)
-    out[0::2, :m], out[0::2, m:] = g.real, -g.imag
-    out[1::2, :m], out[1::2, m:] = g.imag, g.real
+    out[0::2, 0::2], out[0::2, 1::2] = g.real, -g.imag
+    out[1::2, 0::2], out[1::2, 1::2] = g.imag, g.real
     return out
+
+
+def _signal_rows(signals: np.ndarray) -> np.ndarray:
+    """[m, 2, d] real rows of [m, d] signals (complex, or real with no imaginary part); [m, 2, d] rows as they are."""
+    if signals.ndim == 3:
+        return signals
+    return np.stack([np.real(signals), np.imag(signals)], axis=1).astype(np.float32)
 
 
 def broadcast_rows(edge_signals: np.ndarray, tx_edges, rx_devices, topology: Topology, slot: int, seed: int,
                    params: OtaParams, rng: np.random.Generator) -> Reception:
     """medium_broadcast computed in float32 straight into what the devices receive: `received` is [n_rx, 2, d]
-    float32 (real and imaginary parts). Same gains, same draws from `rng` in the same order, so the same rows as
-    medium_broadcast's up to float32 round-off (tests/unit/test_channel_ota.py).
+    float32 (real and imaginary parts). edge_signals: [m, d] (complex) or real [m, 2, d] rows (uplink_rows' form).
+    Same gains, same draws from `rng` in the same order, so the same rows as medium_broadcast's up to float32
+    round-off (tests/unit/test_channel_ota.py).
 
     The other edges' interference and the noise, where folded (aggregate mode), ride in the same matrix product as
-    the transmitting edges' signals: [G_others | L] @ [S; W] with W drawn in place; the own edge's a s_own is
-    added after the interference power is measured, so that power needs no cancellation."""
+    the transmitting edges' signals: [G_others | L] @ [S; W] with W drawn in place (_into_rows); the own edge's
+    a s_own is accumulated in place after the interference power is measured, so that power needs no cancellation."""
     signals, tx, rx, g, is_own, others_gains = _broadcast_links(edge_signals, tx_edges, rx_devices, topology, slot,
                                                                 seed, params)
-    n, m, d = rx.size, tx.size, signals.shape[1]
+    n, m, d = rx.size, tx.size, signals.shape[-1]
     noise_var = params.sigma_dn2 if params.noise else 0.0
     folded = others_gains is not None and folds(params.interferers, noise_var, n)
-    stack = np.empty((2 * m + (2 * n if folded else 0), d), dtype=np.float32)  # [Re s; Im s; W]
-    stack[:m], stack[m:2 * m] = signals.real, signals.imag
-    left = [_interleaved(np.where(is_own, 0.0, g))]
-    if folded:
-        order = np.stack([np.arange(n), n + np.arange(n)], axis=1).reshape(-1)  # [Re; Im] rows -> interleaved
-        left.append(folded_factor(others_gains, noise_var)[order])
-        standard_normals(rng, stack[2 * m:])
-    rows = np.empty((n, 2, d), dtype=np.float32)
-    flat = rows.reshape(2 * n, d)
-    np.matmul(np.hstack(left), stack, out=flat)
+    head = _signal_rows(signals).reshape(2 * m, d)
+    left = np.zeros((2 * n, 2 * m + (2 * n if folded else 0)), dtype=np.float32)
+    left[:, :2 * m] = _interleaved(np.where(is_own, 0.0, g))
+    rows = _into_rows(left, head, others_gains if folded else None, noise_var, rng)
     if others_gains is not None and not folded:
-        drawn, _ = interference_and_noise(others_gains, d, rng, params.interferers, params.chunk, noise_var)
-        rows[:, 0] += drawn.real
-        rows[:, 1] += drawn.imag
-    power = np.einsum("ij,ij->i", flat, flat, dtype=np.float64).reshape(n, 2).sum(axis=1)
+        _add_complex(rows, interference_and_noise(others_gains, d, rng, params.interferers, params.chunk, noise_var)[0])
+    power, _ = _measure_then_add(rows, _interleaved(np.where(is_own, g, 0.0)), head)
     interference_power = np.maximum(power / d - (noise_var if folded else 0.0), 0.0)
-    flat += _interleaved(np.where(is_own, g, 0.0)) @ stack[:2 * m]
     own_col = np.argmax(is_own, axis=1)
     a2 = np.where(is_own[np.arange(n), own_col], np.abs(g[np.arange(n), own_col]) ** 2, 0.0)
-    signal_power = a2 * np.sum(np.abs(signals) ** 2, axis=1)[own_col] / d
+    signal_power = a2 * _row_power(signals)[own_col] / d
     if noise_var > 0 and not folded:
-        z = awgn((n, d), noise_var, rng)
-        rows[:, 0] += z.real
-        rows[:, 1] += z.imag
+        _add_complex(rows, awgn((n, d), noise_var, rng))
     return Reception(rows, rx, np.zeros(0, dtype=np.int64), signal_power, interference_power,
                      int(topology.n_edges - m if params.interference else 0), np.zeros(0, dtype=np.int64))
 
 
 def edge_transmit(received: np.ndarray, P_d: float, E) -> np.ndarray:
-    """What an edge broadcasts: sqrt(P_d / E) v_u (paper 003, sec. III-A step 5; E shared with devices, digest 10.2)."""
-    return np.sqrt(P_d / np.asarray(E, dtype=np.float64)).reshape(-1, 1) * np.atleast_2d(received)
+    """What an edge broadcasts: sqrt(P_d / E) v_u (paper 003, sec. III-A step 5; E shared with devices, digest 10.2).
+    received: complex [n, d], or real [n, 2, d] rows (kept in their float dtype)."""
+    v = np.atleast_2d(received)
+    scale = np.sqrt(P_d / np.asarray(E, dtype=np.float64)).reshape((-1,) + (1,) * (v.ndim - 1))
+    return (scale if np.iscomplexobj(v) else scale.astype(v.dtype)) * v

@@ -278,6 +278,93 @@ def test_broadcast_rows_equal_the_reference_broadcast(params):
         assert np.abs(control.received - fast.received).max() > 2 * np.sqrt(params.sigma_dn2)
 
 
+@pytest.mark.parametrize("params", [OtaParams(), OtaParams(interferers="explicit", chunk=7),
+                                    OtaParams(interferers="independent"), OtaParams(noise=False),
+                                    OtaParams(interference=False), QUIET, OtaParams(fading="real")],
+                         ids=["aggregate", "explicit", "independent", "no-noise", "no-interference", "quiet", "real"])
+def test_uplink_rows_equal_the_reference_uplink(params):
+    # the fast uplink (float32 rows, interferers and folded noise in the payloads' product, own part measured and
+    # added in one pass) against medium_slot (complex128) on fixed inputs: same rows to float32 round-off (1e-5 of
+    # the row's largest entry), same powers to 1e-4, same draws, same counts
+    top = _topology()
+    d = 3001
+    tx = _active_tx(top, SLOT, params)
+    payloads = np.random.default_rng(12).normal(size=(tx.size, d)).astype(np.float32)
+    ref = ota.medium_slot(payloads[1:], tx[1:], top, SLOT, SEED, params, np.random.default_rng(13))  # one missing
+    fast = ota.uplink_rows(payloads[1:], tx[1:], top, SLOT, SEED, params, np.random.default_rng(13))
+    assert fast.received.shape == (top.collaborating, 2, d) and fast.received.dtype == np.float32
+    want = np.stack([ref.received.real, ref.received.imag], axis=1)
+    scale = np.abs(want).max(axis=(1, 2), keepdims=True)
+    assert np.all(np.abs(fast.received - want) <= 1e-5 * scale)
+    assert np.allclose(fast.signal_power, ref.signal_power, rtol=1e-5, atol=0)
+    assert np.allclose(fast.interference_power, ref.interference_power, rtol=1e-4,
+                       atol=1e-6 * ref.signal_power.max())
+    assert np.array_equal(fast.n_active, ref.n_active) and np.array_equal(fast.missing, ref.missing)
+    assert fast.missing.size >= 1 and fast.interferers_active == ref.interferers_active
+    control = ota.uplink_rows(payloads[1:], tx[1:], top, SLOT, SEED, params, np.random.default_rng(14))
+    if params.interference:  # another draw changes the rows: the draws are compared, not skipped
+        assert np.abs(control.received - want).max() > 1e-4 * np.abs(want).max()
+
+
+def test_broadcast_rows_take_the_uplinks_rows_as_signals():
+    # air_slot hands uplink_rows' [m, 2, d] float32 rows to the downlink: the same rows as from complex signals
+    top = _topology()
+    rng = np.random.default_rng(15)
+    signals = (rng.normal(size=(top.collaborating, 2, 500))).astype(np.float32)
+    complex_form = signals[:, 0].astype(np.float64) + 1j * signals[:, 1]
+    tx, devices = np.arange(top.collaborating), top.collaborating_devices
+    a = ota.broadcast_rows(signals, tx, devices, top, SLOT, SEED, OtaParams(), np.random.default_rng(16))
+    b = ota.broadcast_rows(complex_form, tx, devices, top, SLOT, SEED, OtaParams(), np.random.default_rng(16))
+    assert np.array_equal(a.received, b.received)
+    assert np.allclose(a.signal_power, b.signal_power, rtol=1e-12) and np.array_equal(a.interference_power,
+                                                                                       b.interference_power)
+
+
+@pytest.mark.parametrize("block", [1, 7, 48, 1000])
+def test_the_triangular_product_by_blocks_equals_the_full_product(monkeypatch, block):
+    # _into_rows skips the Cholesky factor's zero upper triangle by blocks of rows: the same rows as one full
+    # product of [left | L] @ [head; W] with the same W, to float32 round-off (1e-5 of the largest entry)
+    rng = np.random.default_rng(18)
+    gains = (rng.normal(size=(9, 40)) + 1j * rng.normal(size=(9, 40))) * 1e-2
+    head = rng.normal(size=(6, 777)).astype(np.float32)
+    left = np.zeros((18, 6 + 18), dtype=np.float32)
+    left[:, :6] = rng.normal(size=(18, 6))
+    monkeypatch.setattr(ota, "TRIANGLE_BLOCK", block)
+    rows = ota._into_rows(left.copy(), head, gains, 1e-3, np.random.default_rng(19))
+    factor = ota.folded_factor(gains, 1e-3)
+    assert np.array_equal(factor, np.tril(factor))
+    w = ota.standard_normals(np.random.default_rng(19), np.empty((18, 777), dtype=np.float32))
+    want = left[:, :6] @ head + factor @ w
+    assert np.abs(rows.reshape(18, 777) - want).max() <= 1e-5 * np.abs(want).max()
+
+
+def test_broadcast_rows_have_the_exact_joint_law_of_interference_and_noise():
+    """What the devices receive from silent edges (zero signals): the interleaved (Re, Im) rows of every listener are
+    jointly Gaussian with covariance S S^T + sigma_dn^2 / 2 I, S the real and imaginary parts of sqrt(P_d) ||x -
+    pos||^-alpha/2 f_x over every other edge of the plane (eq. 18, written out here from fading and geometry).
+    Seeded, d = 100,000 columns: 5% on the diagonal, 0.03 on the correlations (sampling error ~0.003-0.01)."""
+    top = _topology(C=3)
+    params = OtaParams(interferers="aggregate", sigma_dn2=2e-8)  # folded; noise near the listeners' interference
+    devices = top.collaborating_devices[:12]
+    tx = np.arange(top.collaborating)
+    d = 100_000
+    assert ota.folds(params.interferers, params.sigma_dn2, devices.size)
+    got = ota.broadcast_rows(np.zeros((tx.size, d)), tx, devices, top, SLOT, SEED, params, np.random.default_rng(20))
+    others = np.arange(top.collaborating, top.n_edges)
+    dist = np.linalg.norm(top.edges[others][None, :, :] - top.devices[devices][:, None, :], axis=2)
+    g = np.sqrt(params.P_d) * dist ** (-params.alpha / 2) * rayleigh(SEED, SLOT, others[None, :], devices[:, None],
+                                                                     "down", params.sigma_d2)
+    s = np.empty((2 * devices.size, others.size))
+    s[0::2], s[1::2] = g.real, g.imag
+    want = s @ s.T + params.sigma_dn2 / 2 * np.eye(2 * devices.size)
+    cov = np.cov(got.received.reshape(2 * devices.size, d).astype(np.float64))
+    np.testing.assert_allclose(np.diag(cov), np.diag(want), rtol=0.05)
+    corr = lambda c: c / np.sqrt(np.outer(np.diag(c), np.diag(c)))  # noqa: E731
+    np.testing.assert_allclose(corr(cov), corr(want), atol=0.03)
+    noise_share = params.sigma_dn2 / 2 / np.diag(want)
+    assert 0.1 < noise_share.min() and noise_share.max() < 0.9  # both parts of the law are checked
+
+
 def test_estimate_rows_equal_the_complex_estimate():
     # the devices' float32 estimate from [n, 2, d] rows against eq. 21/30 on complex vectors (ota.estimate)
     rng = np.random.default_rng(11)

@@ -64,12 +64,35 @@ def _main_hidden():
 _MAIN_LOCK = threading.Lock()
 
 
+# What every node's process starts with unless the launcher's environment says otherwise. numpy's OpenBLAS starts one
+# busy-waiting thread per core at import; on a testbed's shared cores they take turns with the nodes' torch threads
+# (the medium's slot at paper 003's scale: 2.4-2.5 s a round on one BLAS thread, 3.4-4.6 s on two;
+# benchmarks/reports/medium-paper003.md). The forkserver imports numpy, so it must start with them too.
+NODE_ENV = {"OPENBLAS_NUM_THREADS": "1"}
+
+
+def node_env(env: dict) -> dict:
+    """`env` with NODE_ENV's defaults under it."""
+    return {**NODE_ENV, **env}
+
+
+@contextlib.contextmanager
+def _environ(defaults: dict):
+    added = {k: v for k, v in defaults.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for k in added:
+            os.environ.pop(k, None)
+
+
 def warm() -> None:
     """Start the forkserver now (its imports then run while the launcher does other work); idempotent."""
     from multiprocessing import forkserver
 
     _context()
-    with _main_hidden():
+    with _main_hidden(), _environ(NODE_ENV):
         forkserver.ensure_running()
 
 

@@ -37,7 +37,7 @@ from hfl.common import config as config_mod
 from hfl.common import metrics
 from hfl.common import topology
 from hfl.common.topology import edge_id
-from hfl.node_spawn import spawner, warm
+from hfl.node_spawn import node_env, spawner, warm
 
 PR_SET_PDEATHSIG = 1
 
@@ -212,7 +212,7 @@ class Testbed:
             env["HFL_RELAY_SECRET"] = self._relay_secret
         if restarted:  # a restarted cloud's start-up runs from its own launch
             env.pop("HFL_LAUNCHED_AT", None)
-        node.proc = spawner(self.spawn)(node.argv, node.log_path, env)
+        node.proc = spawner(self.spawn)(node.argv, node.log_path, node_env(env))
         node.started_at = time.monotonic()
 
     def _wait_port(self, node: Node, deadline: float) -> str:

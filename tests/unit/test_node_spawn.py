@@ -2,6 +2,7 @@
 session, title), and the forkserver stays safe to fork (one thread) and dies with its launcher."""
 import json
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -184,6 +185,18 @@ def test_a_launcher_script_without_a_main_guard_runs_once(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.count("launcher body ran") == 1 and "codes [3, 4]" in done.stdout
     assert "launcher body ran" not in (tmp_path / "n3.log").read_text()
+
+
+def test_nodes_and_the_forkserver_start_with_one_blas_thread(tmp_path, monkeypatch):
+    """numpy's OpenBLAS reads OPENBLAS_NUM_THREADS once, at import: the forkserver (which imports numpy for every
+    forked node) starts with it, a Testbed's nodes get it, and a value the launcher's environment sets wins."""
+    assert node_spawn.node_env({"PATH": "/bin"})["OPENBLAS_NUM_THREADS"] == "1"
+    assert node_spawn.node_env({"OPENBLAS_NUM_THREADS": "2"})["OPENBLAS_NUM_THREADS"] == "2"
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    assert start("fork", tmp_path, "exit", "0").wait(timeout=60) == 0
+    environ = pathlib.Path(f"/proc/{node_spawn.server_pid()}/environ").read_bytes().split(b"\0")
+    assert b"OPENBLAS_NUM_THREADS=1" in environ
+    assert "OPENBLAS_NUM_THREADS" not in os.environ  # the launcher's own environment is left as it was
 
 
 def test_unknown_spawner_is_refused(monkeypatch):

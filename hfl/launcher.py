@@ -5,10 +5,11 @@ import signal
 import time
 
 from rich import box
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from hfl.common import metrics
 from hfl.testbed import RunFinished, Testbed, TestbedError, error_line
@@ -57,7 +58,7 @@ def round_line(row: dict, rounds: int) -> str:
 
 
 def progress_table(info: dict, rows: list[dict], elapsed: float, phase: str, url: str | None = None,
-                   prefix: str = "hfl run") -> Table:
+                   prefix: str = "hfl run") -> Table | Group:
     """The live table of `hfl run` and `hfl watch`: the last rounds, and the live page's URL."""
     rounds = info["rounds"]
     table = Table(title=f"{prefix}: {info['algorithm']}, {info['edges']} edges x {info['devices_per_edge']} devices, "
@@ -77,9 +78,13 @@ def progress_table(info: dict, rows: list[dict], elapsed: float, phase: str, url
                       _fmt_bytes(r["bytes_down"]), str(r["refused"]), f"{r['round_seconds']:.1f}s", *eps)
     if len(rows) < rounds and not phase.startswith("done"):
         table.add_row(str(rows[-1]["round"] + 1 if rows else 0), "...", *[""] * (len(columns) - 2 + private))
-    shown = f"\nlive page snapshot {url}" if url and url.endswith(".html") else f"\nlive page {url}" if url else ""
-    table.caption = f"{len(rows)}/{rounds} rounds done, {phase}, {elapsed:.1f}s since launch{shown}"
-    return table
+    table.caption = f"{len(rows)}/{rounds} rounds done, {phase}, {elapsed:.1f}s since launch"
+    if not url:
+        return table
+    # below the table, not in its caption: a caption wraps at the table's width, and a URL or path cut across lines
+    # can be neither clicked nor copied
+    label = "live page snapshot" if url.endswith(".html") else "live page"
+    return Group(table, Text(f"{label} {url}", no_wrap=True, overflow="ignore"))
 
 
 def _interrupt(*_) -> None:

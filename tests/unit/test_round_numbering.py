@@ -36,6 +36,10 @@ def test_console_table_fits_80_columns_with_the_privacy_column():
     assert max(len(line) for line in text.splitlines()) <= 80
     assert "eps max" in text and "120.6 KiB" in text and "   127 " in text
     assert "\nlive page http://127.0.0.1:39015/" in text  # the URL whole, on its own line
+    wide = Console(width=140, record=True)  # a path wider than the table, narrower than the terminal: not cut
+    long_path = "/tmp/" + "a-run-directory-with-a-long-name/" * 3 + "live.html"
+    wide.print(progress_table(run_info(cfg), rows, 47.6, "done", long_path))
+    assert f"live page snapshot {long_path}" in wide.export_text()
 
 
 def test_accuracy_plot_x_is_the_rows_round():

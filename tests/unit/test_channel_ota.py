@@ -246,10 +246,13 @@ def test_folded_interference_and_noise_have_the_joint_law_of_separate_draws():
     assert not folded  # explicit mode draws every payload, and the noise apart
 
 
-@pytest.mark.parametrize("params", [OtaParams(), OtaParams(interferers="explicit", chunk=7),
-                                    OtaParams(interferers="independent"), OtaParams(noise=False),
-                                    OtaParams(interference=False), QUIET, OtaParams(fading="real")],
-                         ids=["aggregate", "explicit", "independent", "no-noise", "no-interference", "quiet", "real"])
+# the settings each fast path (broadcast_rows, uplink_rows) is checked against its reference in
+FAST_PATH_CASES = [OtaParams(), OtaParams(interferers="explicit", chunk=7), OtaParams(interferers="independent"),
+                   OtaParams(noise=False), OtaParams(interference=False), QUIET, OtaParams(fading="real")]
+FAST_PATH_IDS = ["aggregate", "explicit", "independent", "no-noise", "no-interference", "quiet", "real"]
+
+
+@pytest.mark.parametrize("params", FAST_PATH_CASES, ids=FAST_PATH_IDS)
 def test_broadcast_rows_equal_the_reference_broadcast(params):
     # the fast downlink (float32, interference and noise in the signals' product, own part added last) against
     # medium_broadcast (complex128) on fixed inputs: same rows to float32 round-off, same powers, same draws
@@ -278,10 +281,7 @@ def test_broadcast_rows_equal_the_reference_broadcast(params):
         assert np.abs(control.received - fast.received).max() > 2 * np.sqrt(params.sigma_dn2)
 
 
-@pytest.mark.parametrize("params", [OtaParams(), OtaParams(interferers="explicit", chunk=7),
-                                    OtaParams(interferers="independent"), OtaParams(noise=False),
-                                    OtaParams(interference=False), QUIET, OtaParams(fading="real")],
-                         ids=["aggregate", "explicit", "independent", "no-noise", "no-interference", "quiet", "real"])
+@pytest.mark.parametrize("params", FAST_PATH_CASES, ids=FAST_PATH_IDS)
 def test_uplink_rows_equal_the_reference_uplink(params):
     # the fast uplink (float32 rows, interferers and folded noise in the payloads' product, own part measured and
     # added in one pass) against medium_slot (complex128) on fixed inputs: same rows to float32 round-off (1e-5 of

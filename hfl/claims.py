@@ -15,6 +15,7 @@ A sweep spec names the section-9 checks it tests in `[[claim]]` tables:
     factor = 2.0                          # optional (default 2): magnitude off by more -> "holds in shape only"
     test = "welch"                        # welch (default) | bootstrap
     alpha = 0.05                          # default 0.05
+    margin = 0.01                         # optional: a weak relation's tolerance on the metric's scale (see below)
 
 Kinds and their keys:
 
@@ -36,13 +37,18 @@ The test, per comparison, over the seeds of each cell (n = finished runs):
   scipy.stats.ttest_1samp; for a difference of gaps (gap_trend) the same statistic over four cells.
 - bootstrap: every cell's seeds resampled with replacement (n_boot draws, default 10,000, fixed generator seed 0);
   the one-sided p-value is (1 + the resampled contrasts on the wrong side of zero) / (n_boot + 1), and the interval
-  reported is the percentile interval [alpha, 1 - alpha] of the contrast minus the threshold (a - b for two cells).
+  reported is the percentile interval [alpha, 1 - alpha] of the contrast minus the threshold (a - b for two cells),
+  plus a weak relation's margin.
 
 Verdict of a comparison: **holds** (significant at alpha in the claimed direction, and, where the paper gives a
 magnitude, within `factor` of it), **holds in shape only** (significant in the claimed direction, magnitude off by
 more than `factor`), **not shown** (not significant either way), **contradicted** (significant the other way, at
 alpha / number of comparisons: Bonferroni), **not shown (n = 1)** (a cell with a single seed: no spread, no test),
-**not run** (a cell without a finished run). A weak relation (>=, <=) holds unless contradicted. The claim's verdict
+**not run** (a cell without a finished run). A weak relation (>=, <=) is a non-inferiority test: `a >= b` reads
+"a is not below b by more than the margin" and is tested as the strict relation a - b + margin > 0; it holds when that
+is significant, is contradicted when a - b < -margin is significant, and is otherwise not shown. The margin is the
+claim's `margin` (on the metric's scale); without one it is 2% of the magnitude of the compared-to side (b's mean),
+or 0 for a threshold (its `value` already states the tolerance). The claim's verdict
 is its worst comparison's, in the order contradicted, not run, not shown (n = 1), not shown, shape only, holds:
 "holds" needs every step significant (an intersection-union test, level alpha without correction).
 """
@@ -68,7 +74,8 @@ KINDS = {
     "gap_trend": ("pairs", "direction", "paper"),
     "ratio": ("cells", "paper"),
 }
-COMMON = ("id", "label", "statement", "figure", "kind", "metric", "factor", "test", "alpha", "n_boot")
+COMMON = ("id", "label", "statement", "figure", "kind", "metric", "factor", "test", "alpha", "n_boot", "margin")
+WEAK_MARGIN = 0.02  # a weak relation's default margin, relative to the compared-to side's mean
 RELATIONS = (">", ">=", "<", "<=")
 TESTS = ("welch", "bootstrap")
 ID = re.compile(r"\d{3}/9\.\d+")
@@ -102,6 +109,7 @@ class Claim:
     test: str = "welch"
     alpha: float = 0.05
     n_boot: int = 10000
+    margin: float | None = None    # a weak relation's tolerance; None: WEAK_MARGIN of the compared-to side (0 for a threshold)
     raw: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -174,6 +182,9 @@ def parse_claim(raw: Any, cells: dict[str, dict[str, Any]], fields: list[str], w
         raise ClaimError(f"{where}: factor must be a number >= 1, got {factor!r}")
     if not (isinstance(n_boot, int) and n_boot >= 100):
         raise ClaimError(f"{where}: n_boot must be an integer >= 100, got {n_boot!r}")
+    margin = raw.get("margin")
+    if margin is not None and not (_number(margin) and margin >= 0):
+        raise ClaimError(f"{where}: margin must be a number >= 0 (the metric's scale), got {margin!r}")
 
     def cell(name: Any, key: str) -> str:
         if name not in cells:
@@ -268,7 +279,8 @@ def parse_claim(raw: Any, cells: dict[str, dict[str, Any]], fields: list[str], w
         rel = "<" if paper < 1 else ">"
         comparisons = [Comparison(f"{a} / {b} {rel} 1", ((a, 1.0), (b, -1.0)), rel, paper=float(paper), ratio=True)]
     return Claim(raw["id"], str(raw["statement"]), kind, metric, comparisons, str(raw.get("label", "")),
-                 str(raw.get("figure", "")), float(factor), test, float(alpha), n_boot, dict(raw))
+                 str(raw.get("figure", "")), float(factor), test, float(alpha), n_boot,
+                 None if margin is None else float(margin), dict(raw))
 
 
 def parse_claims(raw: Any, cells: dict[str, dict[str, Any]], fields: list[str]) -> list[Claim]:
@@ -340,6 +352,16 @@ def _magnitude(comp: Comparison, means: dict[str, float]) -> tuple[float | None,
     return effect, effect / comp.paper
 
 
+def weak_margin(claim: Claim, comp: Comparison, means: dict[str, float]) -> float:
+    """The tolerance of a weak relation: the claim's margin, else WEAK_MARGIN of the compared-to side's magnitude
+    (the cells entering with a negative coefficient), else 0 for a threshold, whose value is the tolerance."""
+    if claim.margin is not None:
+        return claim.margin
+    if claim.kind == "threshold":
+        return 0.0
+    return WEAK_MARGIN * abs(sum(c * means[cell] for cell, c in comp.terms if c < 0))
+
+
 def evaluate_comparison(claim: Claim, comp: Comparison, values: dict[str, list[float]], k: int) -> dict[str, Any]:
     groups = [values.get(cell, []) for cell, _ in comp.terms]
     out: dict[str, Any] = {"comparison": comp.label, "relation": comp.relation, "paper": comp.paper}
@@ -352,7 +374,11 @@ def evaluate_comparison(claim: Claim, comp: Comparison, values: dict[str, list[f
         return {**out, "verdict": ONE_SEED, "why": "a cell has one finished seed: no spread to test against"}
     sign = _sign(comp.relation)
     coefs = [sign * c for _, c in comp.terms]
-    offset = sign * comp.offset
+    weak = comp.relation in (">=", "<=")
+    margin = weak_margin(claim, comp, means) if weak else 0.0
+    if weak:
+        out["margin"] = margin
+    offset = sign * comp.offset - margin  # weak: sign * (contrast - offset) + margin > 0
     if claim.test == "bootstrap":
         res = bootstrap(groups, coefs, offset, claim.n_boot, claim.alpha)
         out["interval"] = [sign * x for x in (res["interval"] if sign > 0 else res["interval"][::-1])]
@@ -361,12 +387,15 @@ def evaluate_comparison(claim: Claim, comp: Comparison, values: dict[str, list[f
         out["t"], out["df"] = sign * res["t"], res["df"]
     p, p_other = res["p_greater"], res["p_less"]
     out["p"], out["p_other_way"] = p, p_other
-    weak = comp.relation in (">=", "<=")
+    within = f" by more than the margin {margin:.3g}" if weak else ""
     if p_other < claim.alpha / k:
         return {**out, "verdict": CONTRADICTED,
-                "why": f"significant the other way (p = {p_other:.3g} < {claim.alpha / k:.3g})"}
+                "why": f"significant the other way{within} (p = {p_other:.3g} < {claim.alpha / k:.3g})"}
     if weak:
-        return {**out, "verdict": HOLDS, "why": f"not significantly the other way (p = {p_other:.3g})"}
+        if p >= claim.alpha:
+            return {**out, "verdict": NOT_SHOWN,
+                    "why": f"not shown within the margin {margin:.3g} (non-inferiority p = {p:.3g} >= {claim.alpha})"}
+        return {**out, "verdict": HOLDS, "why": f"within the margin {margin:.3g} (non-inferiority p = {p:.3g})"}
     if p >= claim.alpha:
         return {**out, "verdict": NOT_SHOWN, "why": f"not significant (p = {p:.3g} >= {claim.alpha})"}
     if ratio_to_paper is not None and not (1 / claim.factor <= ratio_to_paper <= claim.factor):

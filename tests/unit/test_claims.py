@@ -74,7 +74,7 @@ def test_one_seed_is_not_shown_and_a_missing_cell_is_not_run():
     assert r["verdict"] == claims.NOT_RUN and r["values"]["b"] == {"mean": None, "std": None, "n": 0}
 
 
-def test_an_order_takes_its_worst_step_and_a_weak_step_holds_unless_contradicted():
+def test_an_order_takes_its_worst_step_and_a_weak_step_is_a_non_inferiority_test():
     values = {"a": HIGH, "b": [0.79, 0.80, 0.81, 0.80], "c": LOW}
     r = verdict(values, cells=["a", "b", "c"], relation=[">=", ">"])
     assert r["verdict"] == claims.HOLDS and [c["comparison"] for c in r["comparisons"]] == ["a >= b", "b > c"]
@@ -82,6 +82,26 @@ def test_an_order_takes_its_worst_step_and_a_weak_step_holds_unless_contradicted
     assert r["verdict"] == claims.NOT_SHOWN and r["why"].startswith("a > b:")
     r = verdict({"a": LOW, "b": HIGH, "c": [0.1, 0.11, 0.12]}, cells=["a", "b", "c"], relation=[">=", ">"])
     assert r["verdict"] == claims.CONTRADICTED and [c["verdict"] for c in r["comparisons"]] == [claims.CONTRADICTED, claims.HOLDS]
+
+
+def test_a_weak_relation_needs_significance_within_its_margin():
+    # 6 points below inside a wide spread: neither within the default margin (2% of b) nor significantly below it
+    r = verdict({"a": [0.5, 0.7, 0.6], "b": [0.62, 0.7, 0.66]}, cells=["a", "b"], relation=">=")
+    comp, = r["comparisons"]
+    assert r["verdict"] == claims.NOT_SHOWN and comp["margin"] == pytest.approx(0.02 * 0.66)
+    assert "not shown within the margin" in r["why"]
+    near = {"a": [0.78, 0.79, 0.80], "b": [0.80, 0.81, 0.79]}  # one point below, std one point
+    assert verdict(near, cells=["a", "b"], relation=">=", margin=0.03)["verdict"] == claims.HOLDS
+    assert verdict(near, cells=["a", "b"], relation=">=", margin=0.0)["verdict"] == claims.NOT_SHOWN
+    # significantly below by more than the margin: contradicted; by less: not shown
+    far = {"a": [0.70, 0.71, 0.72], "b": [0.80, 0.81, 0.79]}
+    assert verdict(far, cells=["a", "b"], relation=">=", margin=0.05)["verdict"] == claims.CONTRADICTED
+    assert verdict(far, cells=["a", "b"], relation=">=", margin=0.12)["verdict"] == claims.HOLDS
+    # <= mirrors >=: a is not above b by more than the margin
+    assert verdict({"a": [0.80, 0.81, 0.79], "b": [0.70, 0.71, 0.72]}, cells=["a", "b"], relation="<=",
+                   margin=0.12)["verdict"] == claims.HOLDS
+    with pytest.raises(claims.ClaimError, match="margin must be a number >= 0"):
+        claim(cells=["a", "b"], relation=">=", margin=-0.1)
 
 
 def test_no_spread_decides_by_the_sign():

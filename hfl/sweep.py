@@ -506,7 +506,8 @@ def provenance(spec: Spec, started: float, command: str) -> dict[str, Any]:
         return done.stdout.strip() if done.returncode == 0 else None
 
     stamp = lambda t: datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-    status = git("status", "--porcelain", "--untracked-files=no")
+    # the committed reports are not code: rewriting one (--report-only into reproductions/) leaves the tree clean
+    status = git("status", "--porcelain", "--untracked-files=no", "--", ":/", ":(exclude,top)reproductions")
     return {"command": command,
             "commit": git("rev-parse", "HEAD"), "uncommitted_changes": None if status is None else bool(status),
             "started": stamp(started), "finished": stamp(time.time()), "wall_seconds": round(time.time() - started, 1),

@@ -271,6 +271,21 @@ def test_the_checks_list_holds_the_29_digest_checks_and_every_spec_claim_names_o
             assert c.id in ids, f"{path.name}: claim {c.id} names no check in {claims.CHECKS}"
 
 
+def test_every_committed_report_has_the_verdicts_of_its_spec_under_the_current_rules():
+    """A change of the claim rules or of a spec's claims re-evaluates the committed reports
+    (`hfl sweep SPEC --report-only --out reproductions/PAPER/SPEC`): a report never shows a verdict the rules no longer give."""
+    stale = []
+    for path in sorted((ROOT / "reproductions").glob("*/*/results.json")):
+        stored = json.loads(path.read_text())
+        if not stored.get("claims"):
+            continue
+        spec = sweep.load_spec(ROOT / stored["spec"])
+        fresh = {r["id"] + r["label"]: r["verdict"] for r in claims.evaluate_all(spec.claims, stored["cells"])}
+        if fresh != {r["id"] + r["label"]: r["verdict"] for r in stored["claims"]}:
+            stale.append(path.parent.relative_to(ROOT).as_posix())
+    assert not stale, f"re-evaluate with hfl sweep SPEC --report-only --out DIR: {stale}"
+
+
 def test_reproductions_index_is_current():
     page = (ROOT / "REPRODUCTIONS.md").read_text()
     fresh = subprocess.run([sys.executable, "-m", "hfl.claims", "index"], capture_output=True, text=True, check=True,

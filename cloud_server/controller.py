@@ -5,6 +5,7 @@ measurements into the next round's plan parameters (the plan stays data; no serv
                                 columns logged in metrics.jsonl
     observe(r, results, row) -> remembers what round r measured (emulated energy and delay per cluster, the
                                 devices' smoothness estimates)
+    describe(rows)           -> summary.json's "control" entry, with `plan_means` over the rows it planned
 
 `h2fdp` is paper 000's H2FDP(ctrl) (Alg. 1, digest 000 sections 5 and 10) on the pure maths of
 common.control.h2fdp_ctrl. Its per-cluster inputs come from the emulated clock each edge reports:
@@ -35,6 +36,8 @@ from hfl.common.registry import Registry
 log = logging.getLogger("hfl.control")
 
 BETA = "beta_estimate"
+S_MEAN = "s_mean"  # metrics column: s_c^k averaged over the clusters (devices taking part per cluster)
+PLAN_MEANS = {"tau": "tau_mean", S_MEAN: "s_mean", "s_trusted": "s_trusted_mean", "s_untrusted": "s_untrusted_mean"}
 CONTROLLERS: Registry = Registry("controller")
 
 
@@ -75,6 +78,7 @@ class H2fdpController:
         if r > 0 and self.measured is not None:
             columns = self._replan(r)
         s_cols = {f"s_{'trusted' if tr else 'untrusted'}": self.s[e] for e, tr in zip(self.edges, self.trusted)}
+        s_cols[S_MEAN] = float(np.mean([self.s[e] for e in self.edges]))
         train = dataclasses.replace(self.cfg.train, tau=int(self.tau), gamma=int(self.tau // self.window),
                                     lr=float(self.eta))
         return Decision(dataclasses.replace(self.cfg, train=train), dict(self.s), {**columns, **s_cols})
@@ -136,12 +140,24 @@ class H2fdpController:
         row.update({"ctrl_e_dev_local": float(self.measured["e_dev_local"].mean()),
                     "ctrl_t_dev_local": float(self.measured["t_dev_local"].mean())})
 
-    def describe(self) -> dict:
+    def describe(self, rows=()) -> dict:
         c = self.cfg.control
-        return {"controller": "h2fdp", "alphas": [c.alpha1, c.alpha2, c.alpha3], "phi": c.phi, "K_l": self.K_l,
+        return {**plan_means(rows), "controller": "h2fdp", "alphas": [c.alpha1, c.alpha2, c.alpha3], "phi": c.phi, "K_l": self.K_l,
                 "tau_max": self.tau_max, "s_max": self.s_max, "horizon_steps": self.horizon, "search": c.search,
                 "eta": "fixed" if c.eta > 0 else "gamma_k / sqrt(k + 1)", "beta": c.beta if c.beta > 0 else "estimated",
                 "energy_delay": "emulated clock, per cluster (cloud_server/controller.py)"}
+
+
+def plan_means(rows) -> dict:
+    """The controller's choices averaged over the rounds it planned (metrics rows whose `ctrl` column names a
+    search; round 0 runs as configured and is left out): tau_mean, s_mean (s_c^k over clusters and rounds),
+    s_trusted_mean, s_untrusted_mean (None where no such round or column), and planned_rounds."""
+    planned = [r for r in rows if r.get("ctrl") not in (None, "configured")]
+    out = {"planned_rounds": len(planned)}
+    for col, key in PLAN_MEANS.items():
+        vals = [float(r[col]) for r in planned if r.get(col) is not None]
+        out[key] = float(np.mean(vals)) if vals else None
+    return out
 
 
 CONTROLLERS.register("h2fdp", H2fdpController)

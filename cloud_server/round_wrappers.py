@@ -128,7 +128,7 @@ class Controlled(ModeWrapper):
         self.controller.observe(r, results, stats)
 
     def describe(self, rows):
-        return {**self.inner.describe(rows), "control": self.controller.describe()}
+        return {**self.inner.describe(rows), "control": self.controller.describe(rows)}
 
 
 def wrap(mode, cfg, run_dir, edges, device_samples, claims, layer_sizes, rows):

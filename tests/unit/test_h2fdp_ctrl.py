@@ -263,3 +263,43 @@ def test_paper_joint_claim_is_not_pointwise():
     assert plan(hc.nested_line_search(hc.CtrlProblem(alpha1=1 / 90, **kw))) == plan(low)  # same tie-break
     assert (low.tau, low.s_untrusted) == (1, 3) and (high.tau, high.s_untrusted) == (2, 5)
     assert low.s_trusted == high.s_trusted == 0
+
+
+# Spec h2fdp-ctrl-alpha-fmnist at round 1: 10 clusters of 5 (5 trusted), F-MNIST linear model (M = 7,850,
+# q = 32 / 1,200), K_l = 3 (tau multiples of 4), c2 = 0.1, tau_max 40, T = 4000 (200 rounds x 20), phi = 0.01;
+# energy / delay per cluster as the emulated clock measured round 0 (tau 20): 16.8 mJ and 0.162 s per participant
+# window, 0.332 J and 2.6 ms per edge's global part.
+SPEC = dict(trusted=np.arange(10) < 5, sizes=np.full(10, 5), e_dev_local=np.full(10, 0.0168),
+            t_dev_local=np.full(10, 0.162), e_glob=np.full(10, 0.332), t_glob=np.full(10, 0.0026), K_l=3, M=7850,
+            q=32 / 1200, G=1.0, delta=1e-5, epsilon=1.0, T=4000, t_k=20, tau_max=40, s_max=5, c2=0.1, tau_min=4,
+            phi=0.01)
+
+
+def spec_plan(**alphas):
+    p = hc.CtrlProblem(**{**SPEC, **alphas})
+    window = lambda tau, *_: tau % 4 == 0  # the controller's K_l-fixed feasibility (cloud_server/controller.py)
+    ls, ex = hc.nested_line_search(p, window), hc.exhaustive_search(p, window)
+    assert plan(ls) == plan(ex)
+    return plan(ls)
+
+
+def test_alpha_directions_at_the_spec_inputs():
+    """Digest 9.5 (a1 or a2 up: tau_k up, s_c^k down; a3 up: the opposite) on the spec's inputs. The plans are
+    (tau, s_T, s_U). What holds: every tau direction; s down with a1 and up with a3, but only once tau sits at
+    tau_max (while tau is free the optimum uses every device: tau and s are complements). What does not: a2
+    never lowers s (delay is free of s here: the participants upload in parallel and D_c,Loc is the slowest
+    one's measured window), and a3 from 1 up cannot raise s, already at s_max = 5."""
+    base = spec_plan()
+    assert base == (24, 5, 5)
+    assert spec_plan(alpha1=10.0) == (40, 4, 5)            # tau up, s down: the paper's direction
+    assert spec_plan(alpha2=10.0) == (40, 5, 5)            # tau up, s unchanged
+    assert spec_plan(alpha3=10.0) == (8, 5, 5)             # tau down, s unchanged (at s_max)
+    assert spec_plan(alpha3=0.1) == (40, 4, 5)             # so a3 0.1 -> 1: tau down, s up
+    a1 = [spec_plan(alpha1=a) for a in ALPHAS]
+    a2 = [spec_plan(alpha2=a) for a in ALPHAS]
+    a3 = [spec_plan(alpha3=a) for a in ALPHAS]
+    for seq, tau_sign, s_sign in ((a1, 1, -1), (a2, 1, 1), (a3, -1, 1)):
+        t, s = np.array([x[0] for x in seq]), np.array([x[1] + x[2] for x in seq])
+        assert np.all(tau_sign * np.diff(t) >= 0) and np.all(s_sign * np.diff(s) >= 0)
+    assert len({x[1:] for x in a2}) == 1                  # a2 over 1e-3..1e3: s never moves
+    assert a1[-1] == (40, 1, 1) and a3[0] == (40, 1, 1)   # s does move, at the tau cap

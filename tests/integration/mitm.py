@@ -8,6 +8,7 @@ valid session; the honest traffic it still forwards lets a run end as a clean ru
     proxy.upstream = tb.cloud_address   # calls wait for it
     ...
     proxy.sent                          # [(label, status code name, details)] of every hostile message
+    proxy.calls                         # Counter of the node's calls by method name
 
 An Act says what the compromised node sends instead of the one upload: `hostile` envelopes first (each in a call of
 its own, its status recorded), then `forward` (the upload, possibly rewritten; None: dropped, the caller gets an
@@ -15,6 +16,7 @@ empty reply where one is allowed), after `hold` (a callable that returns once th
 """
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from concurrent import futures
@@ -61,6 +63,7 @@ class Tamper:
         self._upstream: str | None = None
         self._ready = threading.Event()
         self.sent: list[tuple[str, str, str]] = []
+        self.calls: collections.Counter = collections.Counter()  # the node's calls, by method name
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=64), options=_SERVER)
         self.server.add_generic_rpc_handlers((_Handler(self),))
         self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
@@ -108,6 +111,7 @@ class _Handler(grpc.GenericRpcHandler):
         method = details.method
         name = method.rsplit("/", 1)[-1]
         kind = KINDS.get(name)
+        self.proxy.calls[name] += 1
         if kind == _UNARY:
             return grpc.unary_unary_rpc_method_handler(lambda req, ctx: self._unary(method, req, ctx))
         if kind == _SERVER_STREAM:

@@ -8,8 +8,10 @@ decode the model; the edge side reassembles, parses and decodes the upload (refu
 and streams back a reply built once per barrier (as the edge does). Client and server are separate
 processes; the CPU of both is summed (user + system, from /proc) and divided by the exchanges.
 
-`current` is hfl.common.wire as it is; `copying` swaps in the chunking, reassembly and decoding of
-before issue 12 (an extra copy per chunk, per envelope and per tensor), in the same run.
+`current` is what a device does now (wire.exchange: one unary ExchangeOne call when the upload fits one chunk,
+as here); `streaming` is the same code on the Exchange stream call (what every exchange was before issue 25);
+`copying` is the stream call with the chunking, reassembly and decoding of before issue 12 (an extra copy per chunk,
+per envelope and per tensor), in the same run. The edge side answers both calls as EdgeServer does.
 --profile prints cProfile's top functions of the client side.
 """
 from __future__ import annotations
@@ -92,6 +94,11 @@ def serve(port_q, cmd_q, mode: str, dim: int, chunk_bytes: int) -> None:
             for chunk in reply:
                 yield chunk
 
+        async def ExchangeOne(self, request, context):
+            envelope, _ = wire.read_chunk(request, 64 << 20)
+            wire.decode_vector(wire.single_tensor(envelope, "delta"), dim)
+            return wire.whole(reply)
+
     async def main():
         global reply
         reply = wire.chunked(reply_env, chunk_bytes)  # built once per barrier, as the edge does
@@ -111,7 +118,8 @@ def serve(port_q, cmd_q, mode: str, dim: int, chunk_bytes: int) -> None:
     asyncio.run(main())
 
 
-async def client_exchanges(port: int, n: int, dim: int, chunk_bytes: int, server_cpu, profile: cProfile.Profile | None = None):
+async def client_exchanges(mode: str, port: int, n: int, dim: int, chunk_bytes: int, server_cpu,
+                           profile: cProfile.Profile | None = None):
     from hfl.common import rpc, wire
     from hfl.common.pipeline import Link
     from hfl import families  # noqa: F401
@@ -130,8 +138,10 @@ async def client_exchanges(port: int, n: int, dim: int, chunk_bytes: int, server
         meta = pb.Meta(run_id="bench", round=i, phase="edge_model_sync", step=0, sender_id="dev-00001",
                        num_samples=100, transforms=transforms, num_devices=1)
         envelope = pb.Envelope(meta=meta, tensors=[tensor], scalars={"train_loss": 0.5})
-        call = stub.Exchange(iter(wire.chunked(envelope, chunk_bytes)))
-        reply, _ = await wire.read_envelope(call, 64 << 20)
+        if mode == "current":
+            reply = await wire.exchange(stub, envelope, chunk_bytes, 64 << 20)
+        else:
+            reply, _ = await wire.read_envelope(stub.Exchange(iter(wire.chunked(envelope, chunk_bytes))), 64 << 20)
         downlink.receive(wire.single_tensor(reply, "model"), dim, 0, 1, i, 0)
 
     for i in range(20):  # warm-up: connection, allocators
@@ -165,7 +175,7 @@ def measure(mode: str, dim: int, n: int, chunk_bytes: int, profile: bool = False
         cmd.put("cpu")
         return q.get(timeout=30)
 
-    cpu, server_cpu, wall = asyncio.run(client_exchanges(port, n, dim, chunk_bytes, server_cpu, prof))
+    cpu, server_cpu, wall = asyncio.run(client_exchanges(mode, port, n, dim, chunk_bytes, server_cpu, prof))
     cmd.put("stop")
     server.join(10)
     if prof:
@@ -187,20 +197,26 @@ def main() -> int:
     if args.profile:
         print(json.dumps(measure("current", args.params, args.exchanges, chunk, profile=True)))
         return 0
-    runs = {"current": [], "copying": []}
-    for r in range(args.repeats):  # alternate, so that both see the same machine load
-        for mode in ("copying", "current"):
+    runs = {"current": [], "streaming": [], "copying": []}
+    for r in range(args.repeats):  # alternate, so that all see the same machine load
+        for mode in ("copying", "streaming", "current"):
             runs[mode].append(measure(mode, args.params, args.exchanges, chunk))
             print(json.dumps(runs[mode][-1]), flush=True)
     report = {m: {k: statistics.median(x[k] for x in rs) for k in ("client_ms", "server_ms", "total_ms", "wall_ms")}
               for m, rs in runs.items()}
     report["payload_bytes"] = 4 * args.params
     report["ratio_total"] = report["current"]["total_ms"] / report["copying"]["total_ms"]
+    report["ratio_streaming"] = statistics.median(c["total_ms"] / s["total_ms"]
+                                                  for c, s in zip(runs["current"], runs["streaming"]))
+    load = os.getloadavg()
     print(f"per exchange of {4 * args.params / 1000:.0f} KB up + {4 * args.params / 1000:.0f} KB down, CPU of both ends "
           f"(median of {args.repeats}): copying {report['copying']['total_ms']:.2f} ms "
           f"(device {report['copying']['client_ms']:.2f}, edge {report['copying']['server_ms']:.2f}), "
           f"current {report['current']['total_ms']:.2f} ms (device {report['current']['client_ms']:.2f}, "
-          f"edge {report['current']['server_ms']:.2f}); ratio {report['ratio_total']:.2f}")
+          f"edge {report['current']['server_ms']:.2f}); ratio {report['ratio_total']:.2f}; streaming "
+          f"{report['streaming']['total_ms']:.2f} ms (device {report['streaming']['client_ms']:.2f}, edge "
+          f"{report['streaming']['server_ms']:.2f}), current / streaming {report['ratio_streaming']:.2f} (median of the "
+          f"repeats' ratios); load average at the end {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"runs": runs, **report}, f, indent=2)

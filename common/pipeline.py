@@ -162,8 +162,12 @@ class Link:
         codec = wire.CODECS.get(self.encoding)
         params = {**self.encode_params, **overrides.get("encode", {})}
         private = getattr(codec, "private", False)
-        rng = (dp_numpy_rng(self.dp_source, seed, self.tier, node, round_, step, "encode") if private
-               else numpy_rng(seed, self.tier, node, round_, step, "encode"))
+        if not getattr(codec, "draws", True):
+            rng = None  # seeding a generator costs more than encoding a 116 KB float32 vector
+        elif private:
+            rng = dp_numpy_rng(self.dp_source, seed, self.tier, node, round_, step, "encode")
+        else:
+            rng = numpy_rng(seed, self.tier, node, round_, step, "encode")
         tensor = wire.encode(vec, self.encoding, tensor_name, rng, **params)
         if self.encoding not in IDENTITY_NAMES:
             extra = {}

@@ -22,10 +22,12 @@ KEEPALIVE_S = 10.0  # HTTP/2 ping interval on every channel: a silent network is
 
 
 def message_options(chunk_bytes: int) -> list[tuple[str, int]]:
+    """The receiver bounds what it takes; a node sends only messages it built (an edge's ExchangeOne reply is a
+    whole envelope, up to net.max_message_mb), so sends are not capped."""
     cap = chunk_bytes + (1 << 20)
     return [
         ("grpc.max_receive_message_length", cap),
-        ("grpc.max_send_message_length", cap),
+        ("grpc.max_send_message_length", -1),
         ("grpc.so_reuseport", 0),
     ]
 

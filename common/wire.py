@@ -32,6 +32,7 @@ class RawCodec:
 
     name: str
     dtype: str
+    draws = False  # encode uses no random draw: the pipeline builds no generator for it
 
     def encode(self, vec: np.ndarray, tensor_name: str, rng: np.random.Generator | None = None, **params) -> pb.Tensor:
         if params:
@@ -46,11 +47,12 @@ class RawCodec:
                             "bad_dtype")
         count = math.prod(tensor.shape)
         itemsize = np.dtype(self.dtype).itemsize
-        if len(tensor.data) != count * itemsize:
+        data = tensor.data  # each read of a bytes field copies it out of the message: read it once
+        if len(data) != count * itemsize:
             raise WireError(grpc.StatusCode.INVALID_ARGUMENT,
-                            f"tensor {tensor.name!r}: {len(tensor.data)} bytes for shape {list(tensor.shape)} of {self.dtype}",
+                            f"tensor {tensor.name!r}: {len(data)} bytes for shape {list(tensor.shape)} of {self.dtype}",
                             "bad_size")
-        arr = np.frombuffer(tensor.data, dtype=np.dtype(self.dtype).newbyteorder("<"))
+        arr = np.frombuffer(data, dtype=np.dtype(self.dtype).newbyteorder("<"))
         return arr.astype(np.float32).reshape(tuple(tensor.shape))
 
     def params(self, **raw) -> dict:
@@ -72,7 +74,7 @@ def encode(vec: np.ndarray, encoding: str, tensor_name: str, rng: np.random.Gene
            **params) -> pb.Tensor:
     """Codec interface: encode(vec, tensor_name, rng=None, **params) -> Tensor; decode(tensor) -> float32
     array (everything it needs travels in the tensor); params(**raw) -> validated params (ValueError naming
-    the key); bits(count, **params) -> bits on the wire for `count` values."""
+    the key); bits(count, **params) -> bits on the wire for `count` values; `draws = False` where encode ignores rng."""
     return CODECS.get(encoding).encode(vec, tensor_name, rng, **params)
 
 
@@ -131,6 +133,30 @@ async def read_envelope(chunks: AsyncIterator[pb.Chunk], max_bytes: int) -> tupl
     """Reassemble a chunk stream of one envelope, refusing payloads over `max_bytes` before they are buffered whole."""
     envelopes, size = await read_envelopes(chunks, max_bytes, 1)
     return envelopes[0], size
+
+
+def read_chunk(chunk: pb.Chunk, max_bytes: int) -> tuple[pb.Envelope, int]:
+    """The envelope of a one-chunk message (ExchangeOne), refused over `max_bytes` as read_envelope refuses a stream."""
+    data = chunk.data
+    if len(data) > max_bytes:
+        raise WireError(grpc.StatusCode.RESOURCE_EXHAUSTED, f"payload exceeds the {max_bytes} byte limit", "oversized")
+    return parse_envelope(data), len(data)
+
+
+def whole(chunks: list[pb.Chunk]) -> pb.Chunk:
+    """A chunk stream of one envelope as one Chunk (the reply of a unary exchange)."""
+    if len(chunks) == 1:
+        return chunks[0]
+    return pb.Chunk(data=b"".join(c.data for c in chunks))
+
+
+async def exchange(stub, envelope: pb.Envelope, chunk_bytes: int, max_bytes: int, metadata=()) -> pb.Envelope:
+    """A device's upload to its edge and the edge's reply: one unary call (ExchangeOne) when the upload fits one
+    chunk, else the Exchange stream."""
+    chunks = chunked(envelope, chunk_bytes)
+    if len(chunks) == 1:
+        return read_chunk(await stub.ExchangeOne(chunks[0], metadata=metadata), max_bytes)[0]
+    return (await read_envelope(stub.Exchange(iter(chunks), metadata=metadata), max_bytes))[0]
 
 
 def to_frames(envelopes, chunk_bytes: int) -> Iterator[pb.Chunk]:

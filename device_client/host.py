@@ -99,9 +99,7 @@ class Device:
         return envelope
 
     async def _exchange(self, envelope: pb.Envelope) -> pb.Envelope:
-        call = self.link.stub.Exchange(iter(wire.chunked(envelope, self.chunk_bytes)), metadata=self.link.metadata)
-        reply, _ = await wire.read_envelope(call, self.max_bytes)
-        return reply
+        return await wire.exchange(self.link.stub, envelope, self.chunk_bytes, self.max_bytes, self.link.metadata)
 
     def _upload(self, task: pb.RoundTask, step: int, name: str, vec: np.ndarray, scalars: dict, dp=(),
                 encode: dict | None = None) -> pb.Envelope:
@@ -310,12 +308,13 @@ class DeviceHost:
             model = build(cfg.model.name, data.input_shape, data.num_classes)
             del data
             trainer = Trainer(model, executor)
-            chunk = cfg.net.chunk_kib * 1024
+            # the largest message a device takes: ExchangeOne's reply is a whole envelope, up to max_message_mb
+            message = max(cfg.net.chunk_kib * 1024, cfg.net.max_message_mb << 20)
             dim = num_parameters(model)
             devices = []
             for node in ids:
                 address, reply = home[node]
-                link = Upstream(node, address, chunk, pbg.EdgeServiceStub, self.identity.for_device(node),
+                link = Upstream(node, address, message, pbg.EdgeServiceStub, self.identity.for_device(node),
                                 self.identity.override_host)
                 device = Device(node, cfg, reply.run_id, shards.pop(node), trainer, link, dim, reply.cluster_id)
                 device.rejoin = reply.round >= 0  # the run is under way: this host restarted

@@ -180,20 +180,34 @@ class EdgeServer(Gate, pbg.EdgeServiceServicer):
         return barrier, self.mode.validate(self.ctx, envelope, barrier)
 
     async def Exchange(self, request_iterator, context):
+        chunks, size = await self._exchange(lambda: wire.read_envelope(request_iterator, self.max_bytes), context)
+        for chunk in chunks:
+            yield chunk
+        self.bytes_down += size
+
+    async def ExchangeOne(self, request: pb.Chunk, context) -> pb.Chunk:
+        async def read():
+            return wire.read_chunk(request, self.max_bytes)
+
+        chunks, size = await self._exchange(read, context)
+        self.bytes_down += size
+        return wire.whole(chunks)
+
+    async def _exchange(self, read, context) -> tuple[list[pb.Chunk], int]:
+        """One upload (`read()` awaits its envelope and size) and, once its barrier is released, the reply's chunks."""
         # A refused message changes nothing, not even for the member it claims to come from: it may still
         # send a valid upload. (A device whose own upload is refused sits the round out; the barrier stops
         # waiting for it after net.phase_timeout_s.)
         node = None
         try:
             self._check_ready()
-            envelope, size = await wire.read_envelope(request_iterator, self.max_bytes)
+            envelope, size = await read()
             validate.check_meta(envelope.meta, self.cfg.run.rounds, len(self.plan) or 1)
             self._authenticate(context, envelope.meta.sender_id)
             node = envelope.meta.sender_id
             if envelope.meta.withdraw:
                 self._withdraw(envelope.meta)
-                yield pb.Chunk(data=b"")
-                return
+                return [pb.Chunk(data=b"")], 0
             barrier, contribution = self._validate(envelope)
         except wire.WireError as exc:
             if node is not None:  # an authenticated member's own message: counted against it on the live page
@@ -210,10 +224,7 @@ class EdgeServer(Gate, pbg.EdgeServiceServicer):
                                 f"{self.id} restarted round {self.round} for its cluster: fetch the new attempt")
         if barrier.failed:
             await context.abort(grpc.StatusCode.ABORTED, barrier.failed)
-        chunks, size = barrier.replies.get(node, (barrier.reply, barrier.reply_size))
-        for chunk in chunks:
-            yield chunk
-        self.bytes_down += size
+        return barrier.replies.get(node, (barrier.reply, barrier.reply_size))
 
     def _withdraw(self, meta: pb.Meta) -> None:
         """A member whose own upload was refused says it sits out the rest of the round: stop waiting for it."""

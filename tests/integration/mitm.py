@@ -8,6 +8,7 @@ valid session; the honest traffic it still forwards lets a run end as a clean ru
     proxy.upstream = tb.cloud_address   # calls wait for it
     ...
     proxy.sent                          # [(label, status code name, details)] of every hostile message
+    proxy.calls                         # Counter of the node's calls by method name
 
 An Act says what the compromised node sends instead of the one upload: `hostile` envelopes first (each in a call of
 its own, its status recorded), then `forward` (the upload, possibly rewritten; None: dropped, the caller gets an
@@ -15,6 +16,7 @@ empty reply where one is allowed), after `hold` (a callable that returns once th
 """
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from concurrent import futures
@@ -29,10 +31,11 @@ from hfl.proto import hfl_v1_pb2 as pb
 # the nodes' own message limits and keepalive pings (a server that refuses them sends GOAWAY: a lost session)
 _SERVER = rpc.message_options(rpc.MAX_CHUNK) + rpc.keepalive_options(server=True)
 _CLIENT = rpc.message_options(rpc.MAX_CHUNK) + rpc.keepalive_options(server=False)
-# every method the edges and clouds serve, by its request / reply cardinality
-_UNARY, _SERVER_STREAM, _CLIENT_STREAM, _BIDI = "uu", "us", "su", "ss"
+# every method the edges and clouds serve, by its request / reply cardinality (_ONE: an upload in one unary call)
+_UNARY, _SERVER_STREAM, _CLIENT_STREAM, _BIDI, _ONE = "uu", "us", "su", "ss", "one"
 KINDS = {"Register": _UNARY, "Check": _UNARY, "FetchRound": _SERVER_STREAM, "Presence": _SERVER_STREAM,
-         "Watch": _SERVER_STREAM, "Submit": _CLIENT_STREAM, "Exchange": _BIDI, "Air": _BIDI}
+         "Watch": _SERVER_STREAM, "Submit": _CLIENT_STREAM, "Exchange": _BIDI, "Air": _BIDI, "ExchangeOne": _ONE}
+UPLOADS = {"ExchangeOne": "Exchange"}  # what `tamper` is told: ExchangeOne is Exchange for a one-chunk upload
 
 
 @dataclass
@@ -50,12 +53,17 @@ def chunks(envelope: pb.Envelope) -> list[bytes]:
     return [c.SerializeToString() for c in wire.chunked(envelope, 1 << 20)]
 
 
+def one(envelope: pb.Envelope) -> bytes:
+    return pb.Chunk(data=envelope.SerializeToString()).SerializeToString()
+
+
 class Tamper:
     def __init__(self, tamper: Callable[[str, pb.Envelope], Act] = passthrough):
         self.tamper = tamper
         self._upstream: str | None = None
         self._ready = threading.Event()
         self.sent: list[tuple[str, str, str]] = []
+        self.calls: collections.Counter = collections.Counter()  # the node's calls, by method name
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=64), options=_SERVER)
         self.server.add_generic_rpc_handlers((_Handler(self),))
         self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
@@ -103,14 +111,17 @@ class _Handler(grpc.GenericRpcHandler):
         method = details.method
         name = method.rsplit("/", 1)[-1]
         kind = KINDS.get(name)
+        self.proxy.calls[name] += 1
         if kind == _UNARY:
             return grpc.unary_unary_rpc_method_handler(lambda req, ctx: self._unary(method, req, ctx))
         if kind == _SERVER_STREAM:
             return grpc.unary_stream_rpc_method_handler(lambda req, ctx: self._server_stream(method, req, ctx))
-        if kind == _CLIENT_STREAM:
-            return grpc.stream_unary_rpc_method_handler(lambda it, ctx: self._upload(method, name, it, ctx, False))
-        if kind == _BIDI:
-            return grpc.stream_stream_rpc_method_handler(lambda it, ctx: self._upload(method, name, it, ctx, True))
+        if kind == _CLIENT_STREAM or kind == _BIDI:
+            handler = grpc.stream_unary_rpc_method_handler if kind == _CLIENT_STREAM else grpc.stream_stream_rpc_method_handler
+            return handler(lambda it, ctx: self._upload(method, name, it, ctx, kind))
+        if kind == _ONE:
+            return grpc.unary_unary_rpc_method_handler(
+                lambda req, ctx: self._upload(method, UPLOADS[name], iter([req]), ctx, kind))
         return None
 
     def _unary(self, method, request, context):
@@ -128,30 +139,32 @@ class _Handler(grpc.GenericRpcHandler):
             if exc.code() != grpc.StatusCode.CANCELLED or context.is_active():
                 context.abort(exc.code(), exc.details() or "")
 
-    def _upload(self, method, name, request_iterator, context, streaming: bool):
+    def _upload(self, method, name, request_iterator, context, kind: str):
         channel = self.proxy.wait_upstream()
         metadata = _metadata(context)
         payload = b"".join(pb.Chunk.FromString(c).data for c in request_iterator)
         act = self.proxy.tamper(name, wire.parse_envelope(payload))
+
+        def send(envelope: pb.Envelope, **kw):
+            if kind == _BIDI:
+                return iter(list(channel.stream_stream(method)(iter(chunks(envelope)), metadata=metadata, **kw)))
+            if kind == _ONE:
+                return channel.unary_unary(method)(one(envelope), metadata=metadata, **kw)
+            return channel.stream_unary(method)(iter(chunks(envelope)), metadata=metadata, **kw)
+
         for label, envelope in act.hostile:
             try:
-                if streaming:
-                    list(channel.stream_stream(method)(iter(chunks(envelope)), metadata=metadata, timeout=120))
-                else:
-                    channel.stream_unary(method)(iter(chunks(envelope)), metadata=metadata, timeout=120)
+                send(envelope, timeout=120)
                 self.proxy.sent.append((label, "OK", ""))
             except grpc.RpcError as exc:
                 self.proxy.sent.append((label, exc.code().name, exc.details() or ""))
         if act.hold is not None:
             act.hold()
         if act.forward is None:
-            if streaming:
-                return iter(())
-            return pb.Ack(accepted=True, detail="dropped on the way").SerializeToString()
+            return {_BIDI: iter(()), _ONE: pb.Chunk(data=b"").SerializeToString()}.get(
+                kind, pb.Ack(accepted=True, detail="dropped on the way").SerializeToString())
         try:
-            if streaming:
-                return iter(list(channel.stream_stream(method)(iter(chunks(act.forward)), metadata=metadata)))
-            return channel.stream_unary(method)(iter(chunks(act.forward)), metadata=metadata)
+            return send(act.forward)
         except grpc.RpcError as exc:
             context.abort(exc.code(), exc.details() or "")
 

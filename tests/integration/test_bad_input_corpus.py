@@ -136,6 +136,12 @@ def corpus(tb, a: RawDevice, b: RawDevice, round_: int, step: int, kind: str, go
         call = b.stub.Exchange(iter(stream(payload)), metadata=metadata or b.metadata, timeout=10)
         return wire.read_envelope_sync(call)[0]
 
+    def X1(payload, metadata=None):
+        """The same upload in one unary call (ExchangeOne, what a device sends when its upload fits one chunk)."""
+        data = payload if isinstance(payload, bytes) else payload.SerializeToString()
+        return wire.read_chunk(b.stub.ExchangeOne(pb.Chunk(data=data), metadata=metadata or b.metadata, timeout=10),
+                               MIB)[0]
+
     channel = b.channel
 
     # -- malformed bytes, truncated and empty streams ------------------------------------------------------
@@ -165,6 +171,14 @@ def corpus(tb, a: RawDevice, b: RawDevice, round_: int, step: int, kind: str, go
          lambda: raw_call(channel, exchange_method, [pb.Chunk(data=b"\x00" * (12 * MIB)).SerializeToString()],
                           b.metadata), counted=None)  # gRPC drops it; the edge may then see an empty stream
 
+    # -- the same refusals for an upload in one unary call (ExchangeOne) -------------------------------------
+    case("one: request that is not a Chunk", S.INVALID_ARGUMENT, lambda: channel.unary_unary(
+        "/hfl.v1.EdgeService/ExchangeOne", request_serializer=lambda x: x, response_deserializer=lambda x: x)(
+        b"\xff\xff\xff", metadata=b.metadata, timeout=10))
+    case("one: malformed envelope", S.INVALID_ARGUMENT, lambda: X1(b"\xff\xff\xff\xff\x0f"))
+    case("one: truncated envelope", S.INVALID_ARGUMENT, lambda: X1(payload[:-1]))
+    case("one: oversized payload (2 MiB)", S.RESOURCE_EXHAUSTED, lambda: X1(b"\x00" * (2 * MIB)))
+
     # -- impersonation ------------------------------------------------------------------------------------
     case("no token", S.PERMISSION_DENIED, lambda: X(env(), metadata=(("x", "y"),)))
     case("empty token", S.PERMISSION_DENIED, lambda: X(env(), metadata=session.metadata("")))
@@ -179,6 +193,8 @@ def corpus(tb, a: RawDevice, b: RawDevice, round_: int, step: int, kind: str, go
          short_detail=True)
     case("sender id of 512 KiB", S.INVALID_ARGUMENT, lambda: X(env(sender=BIG_ID)), short_detail=True)
     case("sender id with NUL", S.INVALID_ARGUMENT, lambda: X(env(sender="dev-00005\x00")))
+    case("one: no token", S.PERMISSION_DENIED, lambda: X1(env(), metadata=(("x", "y"),)))
+    case("one: a's upload with b's token", S.PERMISSION_DENIED, lambda: X1(env(sender="dev-00004")))
     edge0 = RawDevice(tb.edge_addresses[0], "dev-00000")
     case("edge-000: b's token as b", S.PERMISSION_DENIED, lambda: edge0.exchange(env(), metadata=b.metadata))
     case("edge-000: b's token as dev-00000", S.PERMISSION_DENIED,
@@ -233,6 +249,8 @@ def corpus(tb, a: RawDevice, b: RawDevice, round_: int, step: int, kind: str, go
     case("wrong attempt", S.FAILED_PRECONDITION, lambda: X(env(attempt=1)))
     case("negative attempt", S.INVALID_ARGUMENT, lambda: X(env(attempt=-1)))
     case("huge attempt", S.INVALID_ARGUMENT, lambda: X(env(attempt=2 ** 40)))
+    case("one: wrong round (next)", S.FAILED_PRECONDITION, lambda: X1(env(round_=round_ + 1)))
+    case("one: wrong phase name", S.FAILED_PRECONDITION, lambda: X1(env(phase="cloud_sync")))
 
     # -- tensors: shapes, dtypes, encodings, names, non-finite values ----------------------------------------
     case("shape dim-1", S.INVALID_ARGUMENT, lambda: X(env(vec=np.zeros(dim - 1, np.float32))))
@@ -264,6 +282,9 @@ def corpus(tb, a: RawDevice, b: RawDevice, round_: int, step: int, kind: str, go
     case("-inf in the delta", S.INVALID_ARGUMENT, lambda: X(env(tensor=with_value(-np.inf, at=0))))
     case("inf in a float16 delta", S.INVALID_ARGUMENT,
          lambda: X(env(tensor=with_value(np.inf, encoding="float16"))))
+    case("one: nan in the delta", S.INVALID_ARGUMENT, lambda: X1(env(tensor=with_value(np.nan))))
+    case("one: shape dim-1", S.INVALID_ARGUMENT, lambda: X1(env(vec=np.zeros(dim - 1, np.float32))))
+    case("one: two tensors", S.INVALID_ARGUMENT, lambda: X1(env(tensors=[tensor(), tensor()])))
 
     # -- scalars -----------------------------------------------------------------------------------------
     bad_scalars = {
@@ -362,6 +383,7 @@ def corpus(tb, a: RawDevice, b: RawDevice, round_: int, step: int, kind: str, go
     case("replay", S.ALREADY_EXISTS, lambda: list(b.stub.Exchange(iter([pb.Chunk(data=good.SerializeToString())]),
                                                                   metadata=b.metadata, timeout=20)))
     case("replay with another vector", S.ALREADY_EXISTS, lambda: X(env(vec=np.ones(dim, np.float32))))
+    case("one: replay", S.ALREADY_EXISTS, lambda: X1(good))
     case("replay of a's slot by b", S.PERMISSION_DENIED, lambda: X(env(sender="dev-00004")))
     cases["_elapsed"] = time.monotonic() - started
     return pending
@@ -457,6 +479,7 @@ def test_edge_refuses_everything_before_it_joined_its_cloud(tmp_path):
             "exchange": outcome(lambda: list(stub.Exchange(iter([pb.Chunk(data=env.SerializeToString())]), timeout=10))),
             "exchange malformed": outcome(lambda: list(stub.Exchange(iter([pb.Chunk(data=b"\xff\xff")]), timeout=10))),
             "exchange empty": outcome(lambda: list(stub.Exchange(iter([]), timeout=10))),
+            "exchange one": outcome(lambda: stub.ExchangeOne(pb.Chunk(data=env.SerializeToString()), timeout=10)),
             "register": outcome(lambda: stub.Register(pb.RegisterRequest(node_id="dev-00004", num_samples=1),
                                                       timeout=10)),
             "discovery": outcome(lambda: stub.Register(pb.RegisterRequest(), timeout=10)),

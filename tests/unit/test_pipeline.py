@@ -52,3 +52,19 @@ def test_registered_stage_runs_with_its_params_and_seeded_rng():
     tensor, transforms = Link.from_config(cfg.pipeline, "uplink").send(np.ones(3, np.float32), "delta", 0, 0, 0, 0)
     assert transforms[0].stage == "clip" and transforms[0].params["factor"] == 2.0
     assert np.array_equal(np.frombuffer(tensor.data, np.float32), [2, 2, 2])
+
+
+@pytest.mark.parametrize("encoding", ["float32", "float16", "qsgd"])
+def test_send_gives_the_tensor_of_the_seeded_encode(encoding):
+    """A codec that draws nothing (draws = False) gets no generator; the tensor is the one its encode makes with the
+    seeded generator that Link.send built for every codec before (and still builds for one that draws, like qsgd)."""
+    from hfl.common import wire
+    from hfl.common.seeding import numpy_rng
+
+    cfg = c.load(None, [f"pipeline.uplink_encoding={encoding}"])
+    link = Link.from_config(cfg.pipeline, "uplink")
+    v = np.random.default_rng(5).normal(size=1000).astype(np.float32)
+    tensor, _ = link.send(v, "delta", 7, 3, 2, 1)
+    reference = wire.encode(v, encoding, "delta", numpy_rng(7, "device", 3, 2, 1, "encode"), **link.encode_params)
+    assert tensor.SerializeToString() == reference.SerializeToString()
+    assert getattr(wire.CODECS.get(encoding), "draws", True) is (encoding == "qsgd")

@@ -4,8 +4,9 @@ import grpc
 import numpy as np
 import pytest
 
-from hfl.common import wire
+from hfl.common import rpc, wire
 from hfl.proto import hfl_v1_pb2 as pb
+from hfl.proto import hfl_v1_pb2_grpc as pbg
 
 
 def vec(n=1000, seed=0):
@@ -79,3 +80,84 @@ def test_single_tensor():
     assert wire.single_tensor(env, "delta").name == "delta"
     with pytest.raises(wire.WireError):
         wire.single_tensor(env, "gradient")
+
+
+@pytest.mark.parametrize("encoding, dtype", [("float32", "<f4"), ("float16", "<f2")])
+def test_decode_gives_the_same_writable_array_as_a_copy_of_the_bytes(encoding, dtype):
+    """Fixed input, against the reading decode had before it read the bytes field once: frombuffer, then astype."""
+    v = np.linspace(-3, 3, 1001, dtype=np.float32) ** 3
+    t = wire.encode(v, encoding, "delta")
+    out = wire.decode_vector(t, 1001)
+    reference = np.frombuffer(bytes(t.data), dtype=dtype).astype(np.float32)
+    assert out.dtype == np.float32 and out.tobytes() == reference.tobytes()
+    out[0] = 1.0  # a copy of its own, not a view of the message's bytes
+    assert wire.decode_vector(t, 1001).tobytes() == reference.tobytes()
+
+
+def test_read_chunk_parses_one_chunk_and_refuses_what_read_envelope_refuses():
+    env = pb.Envelope(meta=pb.Meta(round=2, sender_id="dev-00001"), tensors=[wire.encode(vec(), "float32", "delta")])
+    chunk = wire.chunked(env, 1 << 20)[0]
+    out, size = wire.read_chunk(chunk, 64 << 20)
+    assert out == env and size == env.ByteSize()
+    with pytest.raises(wire.WireError) as err:
+        wire.read_chunk(chunk, size - 1)
+    assert (err.value.code, err.value.reason) == (grpc.StatusCode.RESOURCE_EXHAUSTED, "oversized")
+    with pytest.raises(wire.WireError) as err:
+        wire.read_chunk(pb.Chunk(data=b"\xff\xff\xff\xff"), 64 << 20)
+    assert (err.value.code, err.value.reason) == (grpc.StatusCode.INVALID_ARGUMENT, "malformed")
+    assert wire.read_chunk(pb.Chunk(), 64 << 20) == (pb.Envelope(), 0)  # as an empty stream reads
+
+
+def test_whole_joins_a_chunk_stream_into_one_chunk():
+    env = pb.Envelope(tensors=[wire.encode(vec(3000), "float32", "model")])
+    chunks = wire.chunked(env, 5000)
+    assert len(chunks) == 3
+    assert wire.whole(chunks).data == env.SerializeToString()
+    assert wire.whole(chunks[:1]) is chunks[0]
+
+
+class _Edge(pbg.EdgeServiceServicer):
+    """An EdgeService on a real grpc.aio server that answers both exchange calls with the upload's tensor plus one."""
+
+    def __init__(self):
+        self.calls = []
+
+    def reply(self, envelope):
+        t = envelope.tensors[0]
+        out = wire.decode_vector(t, t.shape[0]) + np.float32(1)
+        return wire.chunked(pb.Envelope(meta=envelope.meta, tensors=[wire.encode(out, "float32", "model")]), 5000)
+
+    async def Exchange(self, request_iterator, context):
+        self.calls.append("Exchange")
+        for chunk in self.reply((await wire.read_envelope(request_iterator, 1 << 20))[0]):
+            yield chunk
+
+    async def ExchangeOne(self, request, context):
+        self.calls.append("ExchangeOne")
+        return wire.whole(self.reply(wire.read_chunk(request, 1 << 20)[0]))
+
+
+@pytest.mark.parametrize("n, call", [(1000, "ExchangeOne"), (3000, "Exchange")])
+def test_exchange_sends_one_chunk_in_one_call_and_gets_the_same_tensors(n, call):
+    """4,000 bytes fit one 5,000-byte chunk (unary call), 12,000 do not (stream); the edge's reply of 3 chunks
+    comes back whole either way."""
+    v = vec(n, seed=n)
+    env = pb.Envelope(meta=pb.Meta(round=4, sender_id="dev-00002"), tensors=[wire.encode(v, "float32", "delta")])
+
+    async def main():
+        edge = _Edge()
+        server = grpc.aio.server(options=rpc.message_options(5000))
+        pbg.add_EdgeServiceServicer_to_server(edge, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            chan = rpc.channel(f"127.0.0.1:{port}", 1 << 20)
+            reply = await wire.exchange(pbg.EdgeServiceStub(chan), env, 5000, 1 << 20)
+            await chan.close()
+        finally:
+            await server.stop(0)
+        return edge.calls, reply
+
+    calls, reply = asyncio.run(main())
+    assert calls == [call] and reply.meta == env.meta
+    assert wire.decode_vector(wire.single_tensor(reply, "model"), n).tobytes() == (v + np.float32(1)).tobytes()

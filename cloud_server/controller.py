@@ -11,6 +11,7 @@ measurements into the next round's plan parameters (the plan stays data; no serv
 common.control.h2fdp_ctrl. Its per-cluster inputs come from the emulated clock each edge reports:
   e_dev_local[c] = device joules of c / (participants x (K_l + 1))   one participant, one window
   t_dev_local[c] = cluster seconds of c / (K_l + 1)                  one window (the slowest participant)
+  t_up[c]        = c's largest one-device upload air time            (control.delay_reading = "sequential")
   e_glob[c]      = edge joules of c + its backhaul upload energy
   t_glob[c]      = its backhaul upload seconds
 K_l stays fixed (train.tau / train.gamma - 1), so tau_k runs over multiples of K_l + 1 and the window is
@@ -28,7 +29,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hfl.common.channel import clock as clock_math
-from hfl.common.channel.round_clock import BACKHAUL_BYTES, CLUSTER_SECONDS, DEVICE_JOULES, EDGE_JOULES, ClockParams
+from hfl.common.channel.round_clock import (BACKHAUL_BYTES, CLUSTER_SECONDS, DEVICE_JOULES, EDGE_JOULES, UPLOAD_SECONDS,
+                                           ClockParams)
 from hfl.common.control import h2fdp_ctrl as ctrl
 from hfl.common.privacy.trust import TRUSTED
 from hfl.common.registry import Registry
@@ -94,7 +96,7 @@ class H2fdpController:
         p = self.cfg.privacy
         problem = ctrl.CtrlProblem(
             trusted=self.trusted, sizes=self.sizes, e_dev_local=m["e_dev_local"], t_dev_local=m["t_dev_local"],
-            e_glob=m["e_glob"], t_glob=m["t_glob"], K_l=self.K_l, M=self.dim, q=self.q, G=p.clip, delta=p.delta,
+            e_glob=m["e_glob"], t_glob=m["t_glob"], t_up=m["t_up"], delay_reading=c.delay_reading, K_l=self.K_l, M=self.dim, q=self.q, G=p.clip, delta=p.delta,
             epsilon=p.epsilon, T=max(self.horizon, self.steps_done + self.window), t_k=self.steps_done,
             tau_max=self.tau_max, s_max=self.s_max, alpha1=c.alpha1, alpha2=c.alpha2, alpha3=c.alpha3, phi=c.phi,
             c2=p.c2, v2=None if p.v2 == -1.0 else p.v2, tau_min=self.window)
@@ -136,14 +138,17 @@ class H2fdpController:
             "e_glob": np.array([per[e].get(EDGE_JOULES, 0.0) for e in self.edges])
             + np.asarray(clock_math.transmit_energy(self.clock.edge_power_w, up), np.float64),
             "t_glob": up,
+            "t_up": np.array([per[e].get(UPLOAD_SECONDS, 0.0) for e in self.edges], np.float64),
         }
         row.update({"ctrl_e_dev_local": float(self.measured["e_dev_local"].mean()),
-                    "ctrl_t_dev_local": float(self.measured["t_dev_local"].mean())})
+                    "ctrl_t_dev_local": float(self.measured["t_dev_local"].mean()),
+                    "ctrl_t_up": float(self.measured["t_up"].mean())})
 
     def describe(self, rows=()) -> dict:
         c = self.cfg.control
         return {**plan_means(rows), "controller": "h2fdp", "alphas": [c.alpha1, c.alpha2, c.alpha3], "phi": c.phi, "K_l": self.K_l,
                 "tau_max": self.tau_max, "s_max": self.s_max, "horizon_steps": self.horizon, "search": c.search,
+                "delay_reading": c.delay_reading,
                 "eta": "fixed" if c.eta > 0 else "gamma_k / sqrt(k + 1)", "beta": c.beta if c.beta > 0 else "estimated",
                 "energy_delay": "emulated clock, per cluster (cloud_server/controller.py)"}
 

@@ -22,6 +22,10 @@ class ControlSection:
                      "min(1/tau_{k-1}, 1/K_g) / beta_hat")
     beta: float = doc(-1.0, "h2fdp: smoothness beta; -1 = the largest estimate the devices report")
     search: str = choice("line", ("line", "exhaustive"), "h2fdp: nested line search or exhaustive search")
+    delay_reading: str = choice("parallel", ("parallel", "sequential"),
+                                "h2fdp: D_c,Loc, a cluster's local-round delay: parallel (the emulated clock: uploads at once, "
+                                "the slowest participant's window, free of s_c) or sequential (digest 000 Sec. 5: all selected "
+                                "devices transmit in turn, window + (s_c - 1) x one upload; the search is then exhaustive)")
 
 
 def validate_control(cfg) -> None:

@@ -17,19 +17,27 @@ Estimators (the paper only cites Lin et al. 2021 Sec. IV-C), from what devices c
 sigma, zeta, zeta_c enter a_2, B_1, B_2 of Thm 4.3, not nu: they do not move the Part II choice.
 
 Energy/delay of a global round, per cluster c from the emulated clock: e_dev_local, t_dev_local (one
-participant's window, compute + upload; the slowest participant's delay, uploads run in parallel, so it does
-not grow with s_c) and e_glob, t_glob (the edge's side of a global aggregation):
-  E_c,Loc = s_c e_dev_local[c], D_c,Loc = t_dev_local[c],
-  E_Glob = sum_c (e_glob[c] + s_c e_dev_local[c]), D_Glob = max_c (t_glob[c] + t_dev_local[c]).
+participant's window, compute + upload; the slowest participant's delay), t_up (one participant's upload air
+time, the largest in the cluster) and e_glob, t_glob (the edge's side of a global aggregation):
+  E_c,Loc = s_c e_dev_local[c], D_c,Loc = DELAY_READINGS[reading](s_c, t_dev_local[c], t_up[c]),
+  E_Glob = sum_c (e_glob[c] + s_c e_dev_local[c]), D_Glob = max_c (t_glob[c] + D_c,Loc).
+Two readings of D_c,Loc (delay_reading): "parallel" (default; the emulated clock's barrier: uploads on orthogonal
+bands run at once, D_c,Loc = t_dev_local, free of s_c) and "sequential" (digest 000 Sec. 5: "the total consumed
+time it takes for all selected devices in cluster c to transmit", a sum over the s_c selected devices:
+D_c,Loc = t_dev_local + (s_c - 1) t_up, the window with s_c uploads one after another instead of one).
 The device parts of the global terms are the last window of the interval, which ends in the global aggregation
 (K_l + 1 windows per round, digest 10); final_window=False drops them. D_c,Loc is summed over c as in the paper.
 
 Nested line search: for each tau (a 1-D scan), coordinate descent over (s_T, s_U) from (top, top): best point of
 the whole s_T line, then of the s_U line, until a pass moves nothing. At fixed tau J = const + f_T(s_T) + f_U(s_U)
-(energy and nu sum over clusters, delay is free of s), so this is EXACT without a feasibility callback, at
+(energy and nu sum over clusters, delay is free of s under the parallel reading), so this is EXACT without a
+feasibility callback, at
 ~2 tau_range (S_T + S_U) evaluations instead of tau_range S_T S_U. With a callback, an infeasible per-tau optimum
 gives way to a descent over feasible points from the best feasible point on the two lines through it (exact
 only where the per-tau optimum is feasible); if no line meets a feasible point, the exhaustive search decides.
+Under the sequential reading D_Glob = max_c (t_glob + t_dev_local + (s_c - 1) t_up) couples s_T and s_U, and
+coordinate descent can stop short (test_sequential_delay_defeats_coordinate_descent): nested_line_search then
+hands the problem to the exhaustive search (method "exhaustive (delay couples s_T, s_U)").
 Ties (both): smallest J, then smallest tau, then largest s_T, then largest s_U.
 
 Monotonicity (digest 9.5) holds for the chosen plan's cost terms (raising a1 never raises its energy, a2 its
@@ -178,11 +186,44 @@ def energy_terms(s, e_dev_local, e_glob, final_window: bool = True):
     return total, e_c
 
 
-def delay_terms(t_dev_local, t_glob, final_window: bool = True) -> tuple[float, np.ndarray]:
-    """(Delta_Glob, Delta_c,Loc): D_c,Loc = t_dev_local[c], D_Glob = max_c (t_glob[c] (+ t_dev_local[c]))."""
+def _parallel_delay(s, t_dev_local, t_up):
+    """D_c,Loc = t_dev_local: the slowest participant's window, uploads at once (the emulated clock's barrier)."""
+    return np.broadcast_to(t_dev_local, np.shape(s)).astype(np.float64)
+
+
+def _sequential_delay(s, t_dev_local, t_up):
+    """D_c,Loc = t_dev_local + (s_c - 1) t_up: the s_c selected devices transmit one after another (digest 000
+    Sec. 5, "the total consumed time it takes for all selected devices in cluster c to transmit")."""
+    return t_dev_local + (np.maximum(s, 1.0) - 1.0) * t_up
+
+
+@dataclass(frozen=True)
+class DelayReading:
+    local: Callable       # (s [..., C], t_dev_local [C], t_up [C]) -> D_c,Loc [..., C]
+    separable: bool       # J at fixed tau is f_T(s_T) + f_U(s_U): the nested line search is exact
+
+
+DELAY_READINGS = {"parallel": DelayReading(_parallel_delay, True),
+                  "sequential": DelayReading(_sequential_delay, False)}
+
+
+def delay_reading(name: str) -> DelayReading:
+    if name not in DELAY_READINGS:
+        raise ValueError(f"unknown delay reading {name!r}; allowed: {', '.join(sorted(DELAY_READINGS))}")
+    return DELAY_READINGS[name]
+
+
+def delay_terms(s, t_dev_local, t_up, t_glob, final_window: bool = True, reading: str = "parallel"):
+    """(Delta_Glob, Delta_c,Loc) of one global round, s with clusters on its last axis (module docstring):
+    D_c,Loc by the reading, D_Glob = max_c (t_glob[c] (+ D_c,Loc with final_window))."""
     t_loc = _vec("t_dev_local", t_dev_local)
+    t_u = _vec("t_up", t_up, t_loc.size)
     t_g = _vec("t_glob", t_glob, t_loc.size)
-    return float(np.max(t_g + (t_loc if final_window else 0.0))), t_loc
+    s = np.asarray(s, dtype=np.float64)
+    if s.ndim == 0 or s.shape[-1] != t_loc.size or np.any(s < 0):
+        raise ValueError(f"s must hold {t_loc.size} participation levels >= 0 on its last axis")
+    d_c = delay_reading(reading).local(s, t_loc, t_u)
+    return np.max(t_g + (d_c if final_window else 0.0 * d_c), axis=-1), d_c
 
 
 @dataclass(frozen=True, eq=False)
@@ -214,6 +255,8 @@ class CtrlProblem:
     v2: Optional[float] = None
     tau_min: int = 1
     final_window: bool = True
+    t_up: Optional[np.ndarray] = None      # per cluster; None = zeros (the sequential reading then equals parallel)
+    delay_reading: str = "parallel"
 
     def __post_init__(self):
         tr = np.asarray(self.trusted)
@@ -222,7 +265,11 @@ class CtrlProblem:
         sizes = np.asarray(self.sizes)
         if sizes.shape != tr.shape or not np.issubdtype(sizes.dtype, np.integer) or np.any(sizes < 1):
             raise ValueError(f"sizes must be {tr.size} integers >= 1 (devices per cluster)")
-        arrays = {f: _vec(f, getattr(self, f), tr.size) for f in ("e_dev_local", "t_dev_local", "e_glob", "t_glob")}
+        if self.t_up is None:
+            object.__setattr__(self, "t_up", np.zeros(tr.size))
+        delay_reading(self.delay_reading)
+        arrays = {f: _vec(f, getattr(self, f), tr.size)
+                  for f in ("e_dev_local", "t_dev_local", "e_glob", "t_glob", "t_up")}
         for f, v in dict(trusted=tr, sizes=sizes.astype(np.int64), **arrays).items():
             object.__setattr__(self, f, v)
         for f in ("alpha1", "alpha2", "alpha3"):
@@ -258,13 +305,12 @@ def cost_terms(p: CtrlProblem, tau, s_T, s_U):
     tau = np.asarray(tau, dtype=np.float64)
     s = p.participation(s_T, s_U)
     e_g, e_c = energy_terms(s, p.e_dev_local, p.e_glob, p.final_window)
-    local = 0.0
-    for c in range(p.trusted.size):
-        local = local + e_c[..., c]
-    d_g, d_c = delay_terms(p.t_dev_local, p.t_glob, p.final_window)
+    d_g, d_c = delay_terms(s, p.t_dev_local, p.t_up, p.t_glob, p.final_window, p.delay_reading)
+    e_loc = d_loc = 0.0
+    for c in range(p.trusted.size):  # fixed summation order, as in nu
+        e_loc, d_loc = e_loc + e_c[..., c], d_loc + d_c[..., c]
     rounds = (p.T - p.t_k) / tau
-    return (rounds * (e_g + p.K_l * local), rounds * (d_g + p.K_l * float(np.sum(d_c))),
-            nu(tau, s, **p._nu_kwargs()))
+    return rounds * (e_g + p.K_l * e_loc), rounds * (d_g + p.K_l * d_loc), nu(tau, s, **p._nu_kwargs())
 
 
 def objective(p: CtrlProblem, tau, s_T, s_U):
@@ -329,7 +375,10 @@ def _descend(p, tau, cur, ok, count):
 
 
 def nested_line_search(p: CtrlProblem, feasible: Optional[Feasible] = None) -> CtrlChoice:
-    """Paper's nested line search (module docstring): exact without a callback; same tie-break as exhaustive."""
+    """Paper's nested line search (module docstring): exact without a callback where the delay reading is
+    separable; otherwise the exhaustive search decides. Same tie-break as exhaustive."""
+    if not delay_reading(p.delay_reading).separable:
+        return replace(exhaustive_search(p, feasible), method="exhaustive (delay couples s_T, s_U)")
     ok, free, count, best = _memo(feasible), _memo(None), [0], None
     top = (int(p.levels(True)[-1]), int(p.levels(False)[-1]))
     for tau in map(int, p.tau_grid):

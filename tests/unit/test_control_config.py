@@ -15,6 +15,7 @@ H2FDP = ["run.algorithm=h2fdp", "train.tau=10", "train.gamma=5", "control.contro
     (["control.s_max=99"], "control.s_max"),
     (["control.controller=pid"], "control.controller"),
     (["control.alpha1=-1"], "control.alpha1"),
+    (["control.delay_reading=serial"], "control.delay_reading"),
 ])
 def test_bad_control_settings_name_their_key(overrides, key):
     with pytest.raises(config.ConfigError, match=key.replace(".", r"\.")):
@@ -65,3 +66,29 @@ def test_h2fdp_controller_summary_holds_the_means_of_its_own_plans(tmp_path):
     assert out["tau_mean"] == (rows[1]["tau"] + rows[2]["tau"]) / 2
     assert out["s_mean"] == (rows[1]["s_mean"] + rows[2]["s_mean"]) / 2
     assert out["s_mean"] < 3  # nu / phi negligible: energy alone, fewer than all 3 devices take part
+
+
+@pytest.mark.parametrize("reading, method", [("parallel", "nested_line_search"),
+                                             ("sequential", "exhaustive (delay couples s_T, s_U)")])
+def test_h2fdp_controller_names_its_delay_reading(tmp_path, reading, method):
+    """The reading reaches the plan (the sequential one is searched exhaustively), the measured upload time is
+    logged (ctrl_t_up, from the edges' t_upload_seconds), and summary.json's control entry names the reading."""
+    from types import SimpleNamespace
+
+    from hfl.cloud_server.privacy_policy import PrivacyPolicy
+    from hfl.common.channel.round_clock import CLUSTER_SECONDS, DEVICE_JOULES, EDGE_JOULES, UPLOAD_SECONDS
+
+    cfg = config.load(None, H2FDP + ["topology.edges=2", "topology.devices_per_edge=3", "privacy.trusted_fraction=0.5",
+                                     "privacy.calibration=paper", "run.rounds=3", "control.eta=0.05",
+                                     "control.beta=10", f"control.delay_reading={reading}"])
+    policy = PrivacyPolicy(cfg, ["edge-000", "edge-001"], [100] * 6, tmp_path, {}, layer_sizes=[50])
+    ctrl = controller.build(cfg, policy, 50, [100] * 6)
+    rows = []
+    for r in range(2):
+        row = {"round": r, **ctrl.decide(r).columns}
+        ctrl.observe(r, {e: SimpleNamespace(scalars={CLUSTER_SECONDS: 0.2, DEVICE_JOULES: 0.05, EDGE_JOULES: 0.3,
+                                                     UPLOAD_SECONDS: 0.01 * (i + 1)})
+                         for i, e in enumerate(policy.edges)}, row)
+        rows.append(row)
+    assert rows[0]["ctrl_t_up"] == pytest.approx(0.015) and rows[1]["ctrl"] == method
+    assert ctrl.describe(rows)["delay_reading"] == reading

@@ -1,6 +1,7 @@
 """H2FDP(ctrl) maths (paper 000 Alg. 1; digest 000 Sec. 5, 9.5 and 10): nu, step size, estimators, the
 energy/delay model, the Part II objective and its two solvers."""
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -115,8 +116,8 @@ def test_energy_delay_model_and_objective_by_hand():
     e_g, e_c = hc.energy_terms([[2, 3]], [1.0, 10.0], [100.0, 1000.0])
     assert e_g == pytest.approx([1100 + 2 + 30]) and e_c.tolist() == [[2.0, 30.0]]
     assert hc.energy_terms([2, 3], [1.0, 10.0], [100.0, 1000.0], final_window=False)[0] == pytest.approx(1100)
-    assert hc.delay_terms([0.5, 0.1], [1.0, 2.0])[0] == pytest.approx(2.1)
-    assert hc.delay_terms([0.5, 0.1], [1.0, 2.0], final_window=False)[0] == pytest.approx(2.0)
+    assert hc.delay_terms([3, 2], [0.5, 0.1], [0.2, 0.05], [1.0, 2.0])[0] == pytest.approx(2.1)
+    assert hc.delay_terms([3, 2], [0.5, 0.1], [0.2, 0.05], [1.0, 2.0], final_window=False)[0] == pytest.approx(2.0)
     p = hc.CtrlProblem(trusted=[True, False], sizes=[3, 5], e_dev_local=[1.0, 10.0], t_dev_local=[0.5, 0.1],
                        e_glob=[100.0, 1000.0], t_glob=[1.0, 2.0], K_l=2, T=50, t_k=10, tau_max=8, s_max=4,
                        alpha1=0.5, alpha2=3.0, alpha3=2.0, phi=10.0, **PRIV)
@@ -303,3 +304,84 @@ def test_alpha_directions_at_the_spec_inputs():
         assert np.all(tau_sign * np.diff(t) >= 0) and np.all(s_sign * np.diff(s) >= 0)
     assert len({x[1:] for x in a2}) == 1                  # a2 over 1e-3..1e3: s never moves
     assert a1[-1] == (40, 1, 1) and a3[0] == (40, 1, 1)   # s does move, at the tau cap
+
+
+# ------------------------------------------------------------------------------ sequential delay (digest 000 Sec. 5)
+
+def test_delay_readings_by_hand():
+    """parallel: D_c,Loc = t_dev_local (free of s); sequential (digest 000 Sec. 5, the selected devices transmit
+    in turn): D_c,Loc = t_dev_local + (s_c - 1) t_up; D_Glob = max_c (t_glob + D_c,Loc) either way."""
+    s = [[3, 2], [1, 5]]
+    d_g, d_c = hc.delay_terms(s, [0.5, 0.1], [0.2, 0.05], [1.0, 2.0], reading="sequential")
+    np.testing.assert_allclose(d_c, [[0.5 + 2 * 0.2, 0.1 + 0.05], [0.5, 0.1 + 4 * 0.05]])
+    np.testing.assert_allclose(d_g, [max(1.9, 2.15), max(1.5, 2.3)])
+    d_g, d_c = hc.delay_terms(s, [0.5, 0.1], [0.2, 0.05], [1.0, 2.0])
+    assert d_c.tolist() == [[0.5, 0.1], [0.5, 0.1]]
+    np.testing.assert_allclose(d_g, [2.1, 2.1])
+    ones = hc.delay_terms([1, 1], [0.5, 0.1], [0.2, 0.05], [1.0, 2.0], reading="sequential")
+    assert float(ones[0]) == pytest.approx(2.1) and ones[1].tolist() == [0.5, 0.1]  # one device: readings agree
+    with pytest.raises(ValueError, match="unknown delay reading"):
+        hc.delay_terms([1, 1], [0.5, 0.1], [0.2, 0.05], [1.0, 2.0], reading="serial")
+    p = hc.CtrlProblem(trusted=[True, False], sizes=[3, 5], e_dev_local=[1.0, 10.0], t_dev_local=[0.5, 0.1],
+                       t_up=[0.2, 0.05], e_glob=[100.0, 1000.0], t_glob=[1.0, 2.0], K_l=2, T=50, t_k=10, tau_max=8,
+                       s_max=4, delay_reading="sequential", **PRIV)
+    # s = (3, 2) (s_T = 4 capped at 3): D_c,Loc = (0.9, 0.15), D_Glob = max(1.9, 2.15); rounds = 40/4 = 10.
+    assert hc.cost_terms(p, 4, 4, 2)[1] == pytest.approx(10 * (2.15 + 2 * (0.9 + 0.15)))
+
+
+# Two clusters of 2 (one trusted), no energy, K_l = 0, tau = 1, nu = c2^2/s_T^2 + v2^2/s_U (coefficient 1), D_Glob =
+# max(s_T, s_U) under the sequential reading: J(1,1) = 4, J(2,2) = 4.75, J(1,2) = 5.5, J(2,1) = 5.25 at alpha_2 = 2.
+TOY = dict(trusted=[True, False], sizes=[2, 2], e_dev_local=[0.0, 0.0], t_dev_local=[1.0, 1.0], t_up=[1.0, 1.0],
+           e_glob=[0.0, 0.0], t_glob=[0.0, 0.0], K_l=0, M=1, q=1.0, G=1.0, delta=math.exp(-1), epsilon=1.0, T=1,
+           t_k=0, tau_max=1, s_max=2, alpha2=2.0, c2=1.0, v2=1.0)
+
+
+def test_sequential_delay_defeats_coordinate_descent():
+    """The max over clusters in D_Glob couples s_T and s_U: from the top (2, 2) no single coordinate move helps,
+    yet (1, 1) is better. So under the sequential reading the nested line search defers to the exhaustive one."""
+    p = hc.CtrlProblem(delay_reading="sequential", **TOY)
+    J = {(a, b): float(hc.objective(p, 1, a, b)) for a in (1, 2) for b in (1, 2)}
+    assert J == pytest.approx({(1, 1): 4.0, (2, 2): 4.75, (1, 2): 5.5, (2, 1): 5.25})
+    assert hc._descend(p, 1, (2, 2), lambda *_: True, [0]) == ((2, 2), pytest.approx(4.75))  # stuck
+    ls, ex = hc.nested_line_search(p), hc.exhaustive_search(p)
+    assert plan(ls) == plan(ex) == (1, 1, 1) and ls.objective == pytest.approx(4.0)
+    assert ls.method == "exhaustive (delay couples s_T, s_U)"
+    par = hc.CtrlProblem(**TOY)  # parallel: delay 1 whatever s, the line search is exact and takes every device
+    assert plan(hc.nested_line_search(par)) == plan(hc.exhaustive_search(par)) == (1, 2, 2)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_searches_agree_under_sequential_reading(seed):
+    """On random problems with random upload times, with and without a feasibility callback."""
+    base = random_problem(seed)
+    rng = np.random.default_rng(100 + seed)
+    p = replace(base, t_up=rng.uniform(0, 1, base.trusted.size) * base.t_dev_local, delay_reading="sequential")
+    assert plan(hc.nested_line_search(p)) == plan(hc.exhaustive_search(p))
+    odd = lambda tau, s_t, s_u: (tau + s_t + s_u) % 3 != 0
+    assert plan(hc.nested_line_search(p, odd)) == plan(hc.exhaustive_search(p, odd))
+
+
+def spec_plan_sequential(t_up=0.0192, **alphas):
+    """spec_plan under the sequential reading; t_up: one device's upload air time (the clusters' mean measured in
+    round 0 of h2fdp-ctrl-alpha-seq-fmnist, base-seq seed 0; 0.018-0.021 s over its rounds and seeds)."""
+    p = hc.CtrlProblem(**{**SPEC, "t_up": np.full(10, t_up), "delay_reading": "sequential", **alphas})
+    window = lambda tau, *_: tau % 4 == 0
+    ls, ex = hc.nested_line_search(p, window), hc.exhaustive_search(p, window)
+    assert plan(ls) == plan(ex)
+    return plan(ls)
+
+
+def test_alpha_directions_sequential_at_the_spec_inputs():
+    """Under the paper's sequential reading the delay grows with s_c^k and alpha_2 acts like alpha_1 on s: over
+    1e-3..1e3 tau rises to tau_max and s falls to 1, as with alpha_1; alpha_3 keeps its directions. alpha_2 x10
+    sits at the edge of the first step: s_T falls to 4 from alpha_2 = 12 at t_up = 0.0192 s, from x10 at 0.020."""
+    assert spec_plan_sequential() == (24, 5, 5)
+    assert spec_plan_sequential(alpha1=10.0) == (40, 4, 5)
+    assert spec_plan_sequential(alpha2=10.0) == (40, 5, 5) and spec_plan_sequential(alpha2=12.0) == (40, 4, 5)
+    assert spec_plan_sequential(0.020, alpha2=10.0) == (40, 4, 5)
+    assert spec_plan_sequential(alpha2=100.0) == (40, 2, 2)
+    for which, tau_sign, s_sign in (("alpha1", 1, -1), ("alpha2", 1, -1), ("alpha3", -1, 1)):
+        seq = [spec_plan_sequential(**{which: a}) for a in ALPHAS]
+        t, s = np.array([x[0] for x in seq]), np.array([x[1] + x[2] for x in seq])
+        assert np.all(tau_sign * np.diff(t) >= 0) and np.all(s_sign * np.diff(s) >= 0), which
+        assert s.min() == 2 and s.max() == 10, which  # s spans 1..5 per group: alpha_2 now moves it

@@ -153,10 +153,20 @@ def whole(chunks: list[pb.Chunk]) -> pb.Chunk:
 async def exchange(stub, envelope: pb.Envelope, chunk_bytes: int, max_bytes: int, metadata=()) -> pb.Envelope:
     """A device's upload to its edge and the edge's reply: one unary call (ExchangeOne) when the upload fits one
     chunk, else the Exchange stream."""
-    chunks = chunked(envelope, chunk_bytes)
+    return await exchange_chunks(stub, chunked(envelope, chunk_bytes), max_bytes, metadata)
+
+
+async def exchange_chunks(stub, chunks: list[pb.Chunk], max_bytes: int, metadata=()) -> pb.Envelope:
+    """exchange() of an upload already cut into chunks; the list is emptied as it is sent, so a caller's reference to
+    it does not keep the upload's bytes while the edge waits for the rest of its cluster."""
     if len(chunks) == 1:
-        return read_chunk(await stub.ExchangeOne(chunks[0], metadata=metadata), max_bytes)[0]
-    return (await read_envelope(stub.Exchange(iter(chunks), metadata=metadata), max_bytes))[0]
+        return read_chunk(await stub.ExchangeOne(chunks.pop(), metadata=metadata), max_bytes)[0]
+    return (await read_envelope(stub.Exchange(_drained(chunks), metadata=metadata), max_bytes))[0]
+
+
+def _drained(chunks: list[pb.Chunk]) -> Iterator[pb.Chunk]:
+    while chunks:
+        yield chunks.pop(0)
 
 
 def to_frames(envelopes, chunk_bytes: int) -> Iterator[pb.Chunk]:

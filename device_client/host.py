@@ -92,24 +92,33 @@ class Device:
     async def register(self, rejoin: bool) -> None:
         await self.link.register(self.run_id, len(self.shard), rejoin=rejoin, timeout=30)
 
-    async def _fetch(self, after: tuple[int, int]) -> pb.Envelope:
+    async def _fetch(self, after: tuple[int, int]) -> tuple[pb.RoundTask, list[pb.Envelope]]:
+        """The next round task, detached from the envelope that carried it, and that envelope in a list the round
+        empties once it decoded the model (a sub-message would keep the whole envelope, model bytes and all)."""
         call = self.link.stub.FetchRound(pb.FetchRequest(run_id=self.run_id, node_id=self.id, after_round=after[0],
                                                          after_attempt=after[1]), metadata=self.link.metadata)
         envelope, _ = await wire.read_envelope(call, self.max_bytes)
-        return envelope
+        task = pb.RoundTask()
+        task.CopyFrom(envelope.task)
+        return task, [envelope]
 
     async def _exchange(self, envelope: pb.Envelope) -> pb.Envelope:
-        return await wire.exchange(self.link.stub, envelope, self.chunk_bytes, self.max_bytes, self.link.metadata)
+        return await self._send(wire.chunked(envelope, self.chunk_bytes))
+
+    async def _send(self, chunks: list[pb.Chunk]) -> pb.Envelope:
+        """One upload, its reply back (wire.exchange_chunks): the chunks leave the list as they are sent, so the
+        upload's bytes are not held while the edge waits for the rest of its cluster."""
+        return await wire.exchange_chunks(self.link.stub, chunks, self.max_bytes, self.link.metadata)
 
     def _upload(self, task: pb.RoundTask, step: int, name: str, vec: np.ndarray, scalars: dict, dp=(),
-                encode: dict | None = None) -> pb.Envelope:
+                encode: dict | None = None) -> list[pb.Chunk]:
         tensor, transforms = self.uplink.send(vec, name, self.cfg.run.seed, self.index, task.round, step,
                                               {"encode": encode} if encode else None)
         transforms = list(transforms) + [on_wire.to_transform(r) for r in dp] + self.mode.seal(task, name, tensor)
         meta = pb.Meta(run_id=self.run_id, round=task.round, phase=task.phases[step].kind, step=step,
                        sender_id=self.id, num_samples=len(self.shard), transforms=transforms, num_devices=1,
                        attempt=task.attempt)
-        return pb.Envelope(meta=meta, tensors=[tensor], scalars=scalars)
+        return wire.chunked(pb.Envelope(meta=meta, tensors=[tensor], scalars=scalars), self.chunk_bytes)
 
     async def run(self) -> str:
         after = (-1, 0)
@@ -122,13 +131,12 @@ class Device:
                         log.info("%s registered again with its edge", self.id)
                     self.rejoin = True
                     after = (-1, 0)  # a new session: take whatever round the edge runs now
-                envelope = await self._fetch(after)
-                task = envelope.task
+                task, fetched = await self._fetch(after)
                 if task.finished:
                     await self.link.close()
                     return "finished"
                 after = (task.round, task.attempt)
-                await self._round(task, envelope)
+                await self._round(task, fetched)
                 self.rounds_done += 1
                 self.link.backoff.reset()
             except grpc.aio.AioRpcError as exc:
@@ -162,16 +170,20 @@ class Device:
         except (grpc.aio.AioRpcError, wire.WireError) as exc:
             log.debug("%s: withdraw not taken: %s", self.id, exc)
 
-    async def _round(self, task: pb.RoundTask, envelope: pb.Envelope) -> None:
+    async def _round(self, task: pb.RoundTask, fetched: list[pb.Envelope]) -> None:
+        """One round. A host's devices wait their turn on one training thread and then for the rest of their clusters
+        at the edges' barriers: each holds the fewest model-sized arrays it can meanwhile (the envelope goes once the
+        model is decoded, an upload's arrays once it is serialised, a reply once its model is decoded)."""
         dim = self.dim
         cluster = task.clusters[self.edge_id] if self.edge_id in task.clusters else pb.ClusterPlan()
         noise = instructions.read_device(cluster, self.id)  # refuses a plan it cannot execute as stated, up front
         if (cluster.participants or cluster.only_listed) and self.id not in cluster.participants:
             self.mode.end_round(None)  # not drawn: idle (sent no model), resynchronises from the next round's
             return
-        w, _ = self.downlink.receive(wire.single_tensor(envelope, "model"), dim, self.cfg.run.seed, self.index, task.round, -1)
+        w, _ = self.downlink.receive(wire.single_tensor(fetched.pop(), "model"), dim, self.cfg.run.seed, self.index,
+                                     task.round, -1)
         w = self.mode.start_round(w)
-        anchor = w.copy()
+        anchor = w  # not a copy: nothing here writes into a model array; every update makes a new one
         losses: list[float] = []
         batch = self.cfg.train.batch_size
         extra: dict = {}  # scalars for the next upload (e.g. this round's smoothness estimate)
@@ -209,9 +221,10 @@ class Device:
             elif phase.kind == plans.EDGE_GRADIENT_STEP:
                 grad, loss = await self.trainer.run(minibatch_gradient, w, self.shard, batch, self._gen(task.round, step))
                 losses.append(loss)
-                reply = await self._exchange(self._upload(task, step, "gradient", grad, {"train_loss": loss}))
-                g, _ = self.downlink.receive(wire.single_tensor(reply, "gradient"), dim, self.cfg.run.seed, self.index,
-                                             task.round, step)
+                upload = self._upload(task, step, "gradient", grad, {"train_loss": loss})
+                del grad
+                g, _ = self.downlink.receive(wire.single_tensor(await self._send(upload), "gradient"), dim,
+                                             self.cfg.run.seed, self.index, task.round, step)
                 w = w - np.float32(p["lr"]) * g
                 anchor = anchor - np.float32(p["lr"]) * g
             elif phase.kind == plans.EDGE_MODEL_SYNC:
@@ -227,11 +240,14 @@ class Device:
                     return
                 delta, dp = self._private_delta(w - anchor, noise, task, step)
                 dp, sample_dp = dp + sample_dp, []
-                reply = await self._exchange(self._upload(task, step, "delta", delta, scalars, dp, encode))
+                upload = self._upload(task, step, "delta", delta, scalars, dp, encode)
+                del delta
+                reply = await self._send(upload)
                 if plans.downlink_after(task.phases, step):
                     w, _ = self.downlink.receive(wire.single_tensor(reply, "model"), dim, self.cfg.run.seed, self.index,
                                                  task.round, step)
-                    anchor = w.copy()
+                    anchor = w
+                del reply
                 losses = []
             # cloud_sync: nothing to do on a device; the next round task carries the new global model
         self.mode.end_round(w)

@@ -213,6 +213,7 @@ class EdgeServer(Gate, pbg.EdgeServiceServicer):
             if node is not None:  # an authenticated member's own message: counted against it on the live page
                 self.book.refusal(node)
             await refuse(context, self.refusals, exc)
+        del envelope  # decoded into the contribution: not held while the rest of the cluster uploads
         self.bytes_up += size
         self.book.uploaded(node)
         barrier.contributions[node] = contribution

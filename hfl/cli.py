@@ -39,6 +39,9 @@ def _setup_logging(role: str) -> None:
 def _run_async(coro_factory) -> int:
     """Run a role's coroutine; SIGTERM/SIGINT cancel it so servers stop gracefully."""
     async def main() -> int:
+        from hfl.common import heap
+
+        heap.start_trimming()  # a node's transient message buffers do not stay resident (common/heap.py)
         task = asyncio.current_task()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -29,6 +29,11 @@ def main(argv: list[str]) -> int:
                           "sys_path": sys.path}))
         print("to stderr", file=sys.stderr)
         return 0
+    if action == "frozen":  # how many objects the collector never traverses (gc.freeze)
+        import gc
+
+        print(json.dumps({"frozen": gc.get_freeze_count()}))
+        return 0
     if action == "import":
         __import__(rest[0])
         return 0

@@ -199,6 +199,17 @@ def test_nodes_and_the_forkserver_start_with_one_blas_thread(tmp_path, monkeypat
     assert "OPENBLAS_NUM_THREADS" not in os.environ  # the launcher's own environment is left as it was
 
 
+@pytest.mark.parametrize("kind", SPAWNERS)
+def test_a_forked_node_never_collects_the_preloaded_objects(kind, tmp_path):
+    """The forkserver freezes what its preload created, last (hfl/forkserver_freeze.py): a forked node's collections
+    leave those objects, and the pages it shares with the forkserver, untouched; an exec'd node freezes nothing."""
+    assert node_spawn.PRELOAD[-1] == "hfl.forkserver_freeze"
+    node = start(kind, tmp_path, "frozen")
+    assert node.wait(timeout=60) == 0
+    frozen = json.loads((tmp_path / "node.log").read_text())["frozen"]
+    assert frozen > 100_000 if kind == "fork" else frozen == 0, frozen
+
+
 def test_unknown_spawner_is_refused(monkeypatch):
     monkeypatch.setenv(node_spawn.SPAWN_ENV, "thread")
     with pytest.raises(ValueError, match="exec, fork"):

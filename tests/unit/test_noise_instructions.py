@@ -175,7 +175,7 @@ def test_the_edge_and_the_device_refuse_a_bad_plan_before_touching_anything():
 
     edge = types.SimpleNamespace(id="edge-000")
     device = types.SimpleNamespace(id="dev-00001", edge_id="edge-000", dim=10)
-    for run in (lambda t: EdgeServer._round(edge, t, pb.Envelope()), lambda t: Device._round(device, t, pb.Envelope())):
+    for run in (lambda t: EdgeServer._round(edge, t, pb.Envelope()), lambda t: Device._round(device, t, [pb.Envelope()])):
         with pytest.raises(NoisePlanError, match="unknown noise shape 'uniform'"):
             asyncio.run(run(_task(_good(shape="uniform"))))
         with pytest.raises(AttributeError):  # a good plan goes on to the state: the check above can tell them apart

@@ -152,12 +152,14 @@ def test_exchange_sends_one_chunk_in_one_call_and_gets_the_same_tensors(n, call)
         await server.start()
         try:
             chan = rpc.channel(f"127.0.0.1:{port}", 1 << 20)
-            reply = await wire.exchange(pbg.EdgeServiceStub(chan), env, 5000, 1 << 20)
+            chunks = wire.chunked(env, 5000)
+            reply = await wire.exchange_chunks(pbg.EdgeServiceStub(chan), chunks, 1 << 20)
             await chan.close()
         finally:
             await server.stop(0)
-        return edge.calls, reply
+        return edge.calls, reply, chunks
 
-    calls, reply = asyncio.run(main())
+    calls, reply, chunks = asyncio.run(main())
     assert calls == [call] and reply.meta == env.meta
+    assert chunks == []  # sent chunks leave the caller's list: a device does not hold its upload while its edge waits
     assert wire.decode_vector(wire.single_tensor(reply, "model"), n).tobytes() == (v + np.float32(1)).tobytes()

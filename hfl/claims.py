@@ -387,15 +387,15 @@ def evaluate_comparison(claim: Claim, comp: Comparison, values: dict[str, list[f
         out["t"], out["df"] = sign * res["t"], res["df"]
     p, p_other = res["p_greater"], res["p_less"]
     out["p"], out["p_other_way"] = p, p_other
-    within = f" by more than the margin {margin:.3g}" if weak else ""
+    within = f" by more than the margin {margin:.3g}" if weak and margin else ""
     if p_other < claim.alpha / k:
         return {**out, "verdict": CONTRADICTED,
                 "why": f"significant the other way{within} (p = {p_other:.3g} < {claim.alpha / k:.3g})"}
     if weak:
+        test = f"within the margin {margin:.3g} (non-inferiority p = {p:.3g}" if margin else f"(p = {p:.3g}"
         if p >= claim.alpha:
-            return {**out, "verdict": NOT_SHOWN,
-                    "why": f"not shown within the margin {margin:.3g} (non-inferiority p = {p:.3g} >= {claim.alpha})"}
-        return {**out, "verdict": HOLDS, "why": f"within the margin {margin:.3g} (non-inferiority p = {p:.3g})"}
+            return {**out, "verdict": NOT_SHOWN, "why": f"not shown {test} >= {claim.alpha})"}
+        return {**out, "verdict": HOLDS, "why": f"{test})"}
     if p >= claim.alpha:
         return {**out, "verdict": NOT_SHOWN, "why": f"not significant (p = {p:.3g} >= {claim.alpha})"}
     if ratio_to_paper is not None and not (1 / claim.factor <= ratio_to_paper <= claim.factor):

@@ -132,15 +132,34 @@ def flatten(table: dict[str, Any], where: str, prefix: str = "") -> dict[str, An
     return flat
 
 
-def config_changes(stored: str, now: str, most: int = 3) -> str:
-    """What differs between a finished run's config.toml and the one the spec gives now, key by key
-    ("data.class_draw: absent -> 'deck'"), for the message that refuses to resume it."""
+ABSENT = object()
+
+
+def _default_flat() -> dict[str, Any]:
+    return flatten(tomllib.loads(config_mod.to_toml(config_mod.Config())), "config")
+
+
+def changed_keys(stored: str, now: str) -> list[str] | None:
+    """The keys whose values differ between a finished run's config.toml and the one the spec gives now (None: one
+    does not parse). A key the stored file lacks whose value now is its default is not a change: the field was added
+    after the run, and its default is what the run did (a new field defaults to the old behaviour)."""
     try:
         old, new = (flatten(tomllib.loads(t), "config") for t in (stored, now))
     except (tomllib.TOMLDecodeError, SweepError):
+        return None
+    defaults = _default_flat()
+    return [k for k in sorted(old.keys() | new.keys()) if old.get(k, ABSENT) != new.get(k, ABSENT)
+            and not (k not in old and k in defaults and new[k] == defaults[k])]
+
+
+def config_changes(stored: str, now: str, most: int = 3) -> str:
+    """What differs between a finished run's config.toml and the one the spec gives now, key by key
+    ("data.class_draw: absent -> 'deck'"), for the message that refuses to resume it."""
+    keys = changed_keys(stored, now)
+    if keys is None:
         return "its config.toml differs"
-    absent = object()
-    keys = [k for k in sorted(old.keys() | new.keys()) if old.get(k, absent) != new.get(k, absent)]
+    old, new = (flatten(tomllib.loads(t), "config") for t in (stored, now))
+    absent = ABSENT
     shown = [f"{k}: {'absent' if old.get(k, absent) is absent else repr(old[k])} -> "
              f"{'absent' if new.get(k, absent) is absent else repr(new[k])}" for k in keys[:most]]
     more = f"; {len(keys) - most} more" if len(keys) > most else ""
@@ -284,7 +303,8 @@ def expand(spec: Spec, out: pathlib.Path) -> list[Run]:
             raise SweepError(f"two cells share the directory name {run.cell!r}: make the varied values distinct")
     for run in runs:
         stored = run.run_dir / "config.toml"
-        if run.done and stored.is_file() and stored.read_text() != (text := runner.config_text(run)):
+        if (run.done and stored.is_file() and stored.read_text() != (text := runner.config_text(run))
+                and changed_keys(stored.read_text(), text) != []):
             raise SweepError(f"{run.run_dir} finished with another config than the spec now gives "
                              f"({config_changes(stored.read_text(), text)}): delete it or use another --out")
     return runs

@@ -173,11 +173,23 @@ def test_finished_runs_are_skipped_and_a_changed_spec_is_caught(tmp_path, capsys
 
 def test_config_changes_names_each_key_that_differs():
     stored = "[run]\nrounds = 2\nseed = 0\n[data]\nroot = ''\n"
-    now = "[run]\nrounds = 3\nseed = 0\n[data]\nroot = ''\nclass_draw = 'deck'\n"
-    assert sweep.config_changes(stored, now) == "data.class_draw: absent -> 'deck'; run.rounds: 2 -> 3"
-    assert sweep.config_changes(stored, now, most=1) == "data.class_draw: absent -> 'deck'; 1 more"
+    now = "[run]\nrounds = 3\nseed = 0\n[data]\nroot = ''\nclass_draw = 'independent'\n"
+    assert sweep.config_changes(stored, now) == "data.class_draw: absent -> 'independent'; run.rounds: 2 -> 3"
+    assert sweep.config_changes(stored, now, most=1) == "data.class_draw: absent -> 'independent'; 1 more"
     assert sweep.config_changes(stored, stored + "\n") == "its config.toml differs in form only"
     assert sweep.config_changes("not toml [", now) == "its config.toml differs"
+
+
+def test_a_field_added_since_the_run_at_its_default_is_no_change():
+    """A finished run's config.toml predates a new field: absent there and at its default now, the run still counts
+    (it did what the default does); absent and set to another value, it does not."""
+    stored = "[run]\nrounds = 2\nseed = 0\n[data]\nroot = ''\n"
+    assert sweep.changed_keys(stored, stored.replace("root = ''", "root = ''\nclass_draw = 'deck'")) == []
+    assert sweep.changed_keys(stored, stored.replace("root = ''", "root = ''\nclass_draw = 'independent'")) == [
+        "data.class_draw"]
+    assert sweep.changed_keys(stored.replace("root = ''", "root = ''\nclass_draw = 'deck'"), stored) == [
+        "data.class_draw"]  # a key the spec no longer gives is a change
+    assert sweep.changed_keys("not toml [", stored) is None
 
 
 def test_mean_std():

@@ -159,9 +159,8 @@ def config_changes(stored: str, now: str, most: int = 3) -> str:
     if keys is None:
         return "its config.toml differs"
     old, new = (flatten(tomllib.loads(t), "config") for t in (stored, now))
-    absent = ABSENT
-    shown = [f"{k}: {'absent' if old.get(k, absent) is absent else repr(old[k])} -> "
-             f"{'absent' if new.get(k, absent) is absent else repr(new[k])}" for k in keys[:most]]
+    shown = [f"{k}: {'absent' if k not in old else repr(old[k])} -> "
+             f"{'absent' if k not in new else repr(new[k])}" for k in keys[:most]]
     more = f"; {len(keys) - most} more" if len(keys) > most else ""
     return "; ".join(shown) + more if shown else "its config.toml differs in form only"
 
@@ -303,10 +302,12 @@ def expand(spec: Spec, out: pathlib.Path) -> list[Run]:
             raise SweepError(f"two cells share the directory name {run.cell!r}: make the varied values distinct")
     for run in runs:
         stored = run.run_dir / "config.toml"
-        if (run.done and stored.is_file() and stored.read_text() != (text := runner.config_text(run))
-                and changed_keys(stored.read_text(), text) != []):
+        if not (run.done and stored.is_file()):
+            continue
+        before, text = stored.read_text(), runner.config_text(run)
+        if before != text and changed_keys(before, text) != []:
             raise SweepError(f"{run.run_dir} finished with another config than the spec now gives "
-                             f"({config_changes(stored.read_text(), text)}): delete it or use another --out")
+                             f"({config_changes(before, text)}): delete it or use another --out")
     return runs
 
 

@@ -147,7 +147,8 @@ class H2fdpController:
     def describe(self, rows=()) -> dict:
         c = self.cfg.control
         return {**plan_means(rows), "controller": "h2fdp", "alphas": [c.alpha1, c.alpha2, c.alpha3], "phi": c.phi, "K_l": self.K_l,
-                "tau_max": self.tau_max, "s_max": self.s_max, "horizon_steps": self.horizon, "search": c.search,
+                "tau_max": self.tau_max, "s_max": self.s_max, "horizon_steps": self.horizon,
+                "search": c.search if ctrl.delay_reading(c.delay_reading).separable else ctrl.COUPLED_SEARCH,
                 "delay_reading": c.delay_reading,
                 "eta": "fixed" if c.eta > 0 else "gamma_k / sqrt(k + 1)", "beta": c.beta if c.beta > 0 else "estimated",
                 "energy_delay": "emulated clock, per cluster (cloud_server/controller.py)"}

@@ -374,11 +374,14 @@ def _descend(p, tau, cur, ok, count):
     return cur, j
 
 
+COUPLED_SEARCH = "exhaustive (delay couples s_T, s_U)"
+
+
 def nested_line_search(p: CtrlProblem, feasible: Optional[Feasible] = None) -> CtrlChoice:
     """Paper's nested line search (module docstring): exact without a callback where the delay reading is
     separable; otherwise the exhaustive search decides. Same tie-break as exhaustive."""
     if not delay_reading(p.delay_reading).separable:
-        return replace(exhaustive_search(p, feasible), method="exhaustive (delay couples s_T, s_U)")
+        return replace(exhaustive_search(p, feasible), method=COUPLED_SEARCH)
     ok, free, count, best = _memo(feasible), _memo(None), [0], None
     top = (int(p.levels(True)[-1]), int(p.levels(False)[-1]))
     for tau in map(int, p.tau_grid):

@@ -91,4 +91,6 @@ def test_h2fdp_controller_names_its_delay_reading(tmp_path, reading, method):
                          for i, e in enumerate(policy.edges)}, row)
         rows.append(row)
     assert rows[0]["ctrl_t_up"] == pytest.approx(0.015) and rows[1]["ctrl"] == method
-    assert ctrl.describe(rows)["delay_reading"] == reading
+    described = ctrl.describe(rows)
+    assert described["delay_reading"] == reading
+    assert described["search"] == ("line" if reading == "parallel" else method)

@@ -132,7 +132,8 @@ class _Handler(grpc.GenericRpcHandler):
 
     def _server_stream(self, method, request, context):
         call = self.proxy.wait_upstream().unary_stream(method)(request, metadata=_metadata(context))
-        context.add_callback(call.cancel)  # the node hung up: so does its stand-in upstream (presence ends)
+        if not context.add_callback(call.cancel):  # the node hung up: so does its stand-in upstream (presence ends)
+            call.cancel()  # it hung up before the callback could be added: the callback would never run
         try:
             yield from call
         except grpc.RpcError as exc:

@@ -19,6 +19,7 @@ from hfl.proto import hfl_v1_pb2 as pb
 from hfl.proto import hfl_v1_pb2_grpc as pbg
 
 from .conftest import SMALL
+from .mitm import Act, Tamper, Unary, until
 
 SMALL = SMALL + ["topology.host_layout=per_edge"]  # these tests kill and read device hosts by per-edge name
 
@@ -78,6 +79,45 @@ def test_cloud_killed_and_resumed_gives_the_clean_metrics(hfl_testbed, clean_row
     summary = tb.summary()
     assert summary["resumed"] is True and summary["rounds"] == 4
     assert len({r["round"] for r in rows}) == len(rows) == 4  # no round twice, none missing
+
+
+def test_a_register_whose_reply_was_lost_is_retried_into_the_same_session(hfl_testbed, clean_rows):
+    """The lockout of the flaky resume test, replayed on purpose: edge-000's round-1 Submit is lost on the way, so the
+    edge drops its session and registers again; the cloud handles that Register (it holds a new session, and no
+    presence stream comes for it) but its reply is lost too. The edge's retry carries the same nonce, so the cloud
+    hands it that session's token instead of refusing it as already registered; the run ends as a clean one. The
+    presence deadline is set past the run's end: only the nonce can let the edge back in."""
+    state, tb = {"failed": False, "lost": 0}, None
+
+    def edge(method, envelope):
+        if method == "Submit" and envelope.meta.round == 1 and not state["failed"]:
+            state["failed"] = True
+            return Act(envelope, fail=grpc.StatusCode.UNAVAILABLE)
+        return Act(envelope)
+
+    def cloud_lost_the_edge() -> bool:
+        return "lost edge-000: " in (tb.logs / "cloud.log").read_text()
+
+    def unary(method, request):
+        if method != "Register" or not state["failed"] or state["lost"]:
+            return Unary()
+        state["lost"] += 1  # after the edge's first session ended: this Register opens a new one
+        return Unary(hold=until(cloud_lost_the_edge, 60), lose_reply=True)
+
+    with Tamper(edge, unary) as proxy:
+        tb = hfl_testbed(overrides=FAULTS + ["net.presence_deadline_s=3600"], via={"edge-000": proxy.address})
+        proxy.upstream = tb.cloud_address
+        tb.wait(timeout=300)
+    assert state == {"failed": True, "lost": 1}
+    registers = [(pb.RegisterReply.FromString(reply).session_token, delivered)
+                 for method, reply, delivered in proxy.replies if method == "Register"]
+    lost = next(i for i, (_, delivered) in enumerate(registers) if not delivered)
+    assert lost >= 1 and len(registers) == lost + 2, registers  # the join, the lost one, its retry: nothing refused
+    assert registers[lost + 1] == (registers[lost][0], True) and registers[lost][0] != registers[0][0]
+    cloud = (tb.logs / "cloud.log").read_text()
+    assert "already_registered" not in cloud and "edge-000 rejoined during round 1" in cloud
+    assert "registered again with the cloud" in (tb.logs / "edge-000.log").read_text()
+    assert key(tb.metrics()) == key(clean_rows)
 
 
 def test_device_host_killed_and_restarted_gives_the_clean_metrics(hfl_testbed, clean_rows):

@@ -16,8 +16,8 @@ its own, its status recorded), then `forward` (the upload, possibly rewritten; N
 empty reply where one is allowed), after `hold` (a callable that returns once the node may speak again: silence);
 `fail`, a status code: the upload is lost on the way (not forwarded) and the node gets that status.
 `unary(method, request bytes) -> Unary` does the same for the node's unary calls (Register, Check): `hold` before the
-call goes on, and `lose_reply`: the upstream handles the call (a Register: it holds the session) but its reply is lost
-on the way back and the node gets UNAVAILABLE, as when its deadline ran out first.
+call goes on, `request` (bytes) sent in its place, and `lose_reply`: the upstream handles the call (a Register: it holds
+the session) but its reply is lost on the way back and the node gets UNAVAILABLE, as when its deadline ran out first.
 """
 from __future__ import annotations
 
@@ -54,6 +54,7 @@ class Act:
 @dataclass
 class Unary:
     hold: Callable[[], None] | None = None
+    request: bytes | None = None
     lose_reply: bool = False
 
 
@@ -145,7 +146,8 @@ class _Handler(grpc.GenericRpcHandler):
         if act.hold is not None:
             act.hold()
         try:
-            reply = channel.unary_unary(method)(request, metadata=_metadata(context))
+            reply = channel.unary_unary(method)(request if act.request is None else act.request,
+                                                metadata=_metadata(context))
         except grpc.RpcError as exc:
             context.abort(exc.code(), exc.details() or "")
         delivered = not act.lose_reply

@@ -15,6 +15,7 @@ import grpc
 import psutil
 import pytest
 
+from hfl.common import session
 from hfl.proto import hfl_v1_pb2 as pb
 from hfl.proto import hfl_v1_pb2_grpc as pbg
 
@@ -81,13 +82,13 @@ def test_cloud_killed_and_resumed_gives_the_clean_metrics(hfl_testbed, clean_row
     assert len({r["round"] for r in rows}) == len(rows) == 4  # no round twice, none missing
 
 
-def test_a_register_whose_reply_was_lost_is_retried_into_the_same_session(hfl_testbed, clean_rows):
-    """The lockout of the flaky resume test, replayed on purpose: edge-000's round-1 Submit is lost on the way, so the
-    edge drops its session and registers again; the cloud handles that Register (it holds a new session, and no
-    presence stream comes for it) but its reply is lost too. The edge's retry carries the same nonce, so the cloud
-    hands it that session's token instead of refusing it as already registered; the run ends as a clean one. The
-    presence deadline is set past the run's end: only the nonce can let the edge back in."""
-    state, tb = {"failed": False, "lost": 0}, None
+def lose_a_register_reply(hfl_testbed, overrides, renonce: bool):
+    """Edge-000's round-1 Submit is lost on the way, so the edge drops its session and registers again; once the cloud
+    has seen that session's presence end, it handles the new Register (it holds a new session, and no presence stream
+    comes for it) but its reply is lost too: the lockout the flaky resume test hit. `renonce`: every later Register is
+    sent with a nonce of its own, as a party other than that session's. Returns the testbed and the Register replies
+    (token, delivered) the edge's proxy saw, the lost one's index."""
+    state, tb = {"failed": False, "lost": False}, None
 
     def edge(method, envelope):
         if method == "Submit" and envelope.meta.round == 1 and not state["failed"]:
@@ -99,24 +100,49 @@ def test_a_register_whose_reply_was_lost_is_retried_into_the_same_session(hfl_te
         return "lost edge-000: " in (tb.logs / "cloud.log").read_text()
 
     def unary(method, request):
-        if method != "Register" or not state["failed"] or state["lost"]:
+        if method != "Register" or not state["failed"]:
             return Unary()
-        state["lost"] += 1  # after the edge's first session ended: this Register opens a new one
-        return Unary(hold=until(cloud_lost_the_edge, 60), lose_reply=True)
+        if not state["lost"]:
+            state["lost"] = True
+            return Unary(hold=until(cloud_lost_the_edge, 60), lose_reply=True)
+        if not renonce:
+            return Unary()
+        other = pb.RegisterRequest.FromString(request)
+        other.nonce = session.new_nonce()
+        return Unary(request=other.SerializeToString())
 
     with Tamper(edge, unary) as proxy:
-        tb = hfl_testbed(overrides=FAULTS + ["net.presence_deadline_s=3600"], via={"edge-000": proxy.address})
+        tb = hfl_testbed(overrides=overrides, via={"edge-000": proxy.address})
         proxy.upstream = tb.cloud_address
         tb.wait(timeout=300)
-    assert state == {"failed": True, "lost": 1}
+    assert state == {"failed": True, "lost": True}
     registers = [(pb.RegisterReply.FromString(reply).session_token, delivered)
                  for method, reply, delivered in proxy.replies if method == "Register"]
     lost = next(i for i, (_, delivered) in enumerate(registers) if not delivered)
-    assert lost >= 1 and len(registers) == lost + 2, registers  # the join, the lost one, its retry: nothing refused
-    assert registers[lost + 1] == (registers[lost][0], True) and registers[lost][0] != registers[0][0]
+    assert lost >= 1 and len(registers) == lost + 2, registers  # the join, the lost one, the one that let it back in
+    assert registers[lost][0] != registers[0][0] and registers[lost + 1][1]
+    assert "registered again with the cloud" in (tb.logs / "edge-000.log").read_text()
+    return tb, registers, lost
+
+
+def test_a_register_whose_reply_was_lost_is_retried_into_the_same_session(hfl_testbed, clean_rows):
+    """The edge's retry carries the same nonce, so the cloud hands it the session's token again instead of refusing
+    it as already registered. The presence deadline is set past the run's end: only the nonce can let the edge in."""
+    tb, registers, lost = lose_a_register_reply(hfl_testbed, FAULTS + ["net.presence_deadline_s=3600"], renonce=False)
+    assert registers[lost + 1][0] == registers[lost][0]
     cloud = (tb.logs / "cloud.log").read_text()
     assert "already_registered" not in cloud and "edge-000 rejoined during round 1" in cloud
-    assert "registered again with the cloud" in (tb.logs / "edge-000.log").read_text()
+    assert key(tb.metrics()) == key(clean_rows)
+
+
+def test_a_session_that_no_presence_stream_holds_ends_at_the_presence_deadline(hfl_testbed, clean_rows):
+    """Registers with other nonces are refused while the session of the lost reply lives; no presence stream comes for
+    it, so it ends after net.presence_deadline_s and the next Register opens a new session."""
+    tb, registers, lost = lose_a_register_reply(hfl_testbed, FAULTS + ["net.presence_deadline_s=5"], renonce=True)
+    assert registers[lost + 1][0] != registers[lost][0]
+    cloud = (tb.logs / "cloud.log").read_text()
+    assert "lost edge-000: no presence stream within 5s of its registration" in cloud
+    assert cloud.count("refused already_registered from ") >= 1
     assert key(tb.metrics()) == key(clean_rows)
 
 

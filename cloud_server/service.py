@@ -66,7 +66,7 @@ class CloudServer(Gate, pbg.CloudServiceServicer):
         self.run_id = f"{cfg.run.name}-{uuid.uuid4().hex[:8]}"
         self.store = RunStore(run_dir)
         self.edges = topology.edge_ids(cfg)
-        self.live = Liveness(cfg.net.rejoin_grace_s)
+        self.live = Liveness(cfg.net.rejoin_grace_s, cfg.net.presence_deadline_s)
         self.ready: set[str] = set()
         self.excluded: set[str] = set()
         self.started = False
@@ -151,10 +151,8 @@ class CloudServer(Gate, pbg.CloudServiceServicer):
                 raise wire.WireError(grpc.StatusCode.FAILED_PRECONDITION,
                                      f"run {validate.short(request.run_id)} is not this cloud's run ({self.run_id})",
                                      "wrong_run")
-            if self.live.sessions.has(node):
-                raise wire.WireError(grpc.StatusCode.ALREADY_EXISTS,
-                                     f"{node} is registered and live: a second session is refused until the first ends",
-                                     "already_registered")
+            session.check_nonce(request.nonce)
+            self.live.sessions.admit(node, request.nonce)
             if request.trust not in ("", "trusted", "untrusted"):
                 raise wire.WireError(grpc.StatusCode.INVALID_ARGUMENT,
                                      f"trust claim {validate.short(request.trust)}: trusted, untrusted or empty", "bad_register")
@@ -164,11 +162,11 @@ class CloudServer(Gate, pbg.CloudServiceServicer):
             session.check_join(context, node)  # last: a malformed request is refused for what is wrong with it
         except wire.WireError as exc:
             await refuse(context, self.refusals, exc)
-        if node in self.live.lost or node in self.live.absent:
+        if not self.live.sessions.has(node) and (node in self.live.lost or node in self.live.absent):
             log.info("%s rejoined during round %d", node, self.round)
         if request.trust:
             self.claims[node] = request.trust
-        token = self.live.registered(node)
+        token = self.live.registered(node, request.nonce)
         return pb.RegisterReply(run_id=self.run_id, spec_json=self.spec_json, cluster_id="cloud", members=self.edges,
                                 session_token=token, round=self.round if self.started else -1)
 

@@ -125,6 +125,9 @@ class NetSection:
     grace_s: float = doc(3.0, "graceful-stop time of every server", min=0.0)
     rejoin_grace_s: float = doc(20.0, "how long a round waits for a lost node (process or link gone) to come back before "
                                       "going on without it", min=0.0)
+    presence_deadline_s: float = doc(20.0, "how long a server keeps a session whose node opened no Presence stream "
+                                           "after registering (its Register reply was lost): then the session ends, as "
+                                           "when a presence stream ends", min=0.1)
     max_samples_per_device: int = doc(10_000_000, "largest sample count a device may claim at registration", min=1)
 
 

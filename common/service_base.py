@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import math
 import time
 from typing import Iterable
 
@@ -155,23 +156,35 @@ class Liveness:
     """Which nodes below a server hold a live session, which were lost mid-round and since when, and
     which are absent (lost for longer than the grace period: not waited for until they register again).
 
+    A session lives while its node holds a Presence stream: it ends when the last of its streams ends, or when none
+    was opened within `presence_s` of its Register (the node never got the reply, so it cannot hold the session).
     `changed` is set on every transition so that a barrier waiting for members re-evaluates at once."""
 
-    def __init__(self, grace_s: float) -> None:
+    def __init__(self, grace_s: float, presence_s: float = math.inf) -> None:
         self.grace_s = grace_s
+        self.presence_s = presence_s
         self.sessions = Sessions()
         self.lost: dict[str, float] = {}
         self.absent: set[str] = set()
         self.returned: set[str] = set()
         self.ended: dict[str, float] = {}  # when each node's last session ended (its last moment seen)
         self.rejoins: collections.Counter[str] = collections.Counter()  # sessions after a first one ended
+        self.streams: collections.Counter[str] = collections.Counter()  # open Presence streams by session token
+        self._unattended: dict[str, asyncio.TimerHandle] = {}  # token -> its presence deadline
         self.changed = asyncio.Event()
 
     def poke(self) -> None:
         self.changed.set()
 
-    def registered(self, node: str) -> str:
-        token = self.sessions.issue(node)
+    def registered(self, node: str, nonce: bytes = b"") -> str:
+        """Issue `node` a session (raises WireError if it holds a live one under another nonce); a Register retried
+        with the live session's nonce gets its token again, and changes nothing else."""
+        fresh = not self.sessions.has(node)
+        token = self.sessions.issue(node, nonce)
+        if math.isfinite(self.presence_s) and not self.streams[token]:
+            self._watch(node, token)
+        if not fresh:
+            return token
         if node in self.ended:
             self.rejoins[node] += 1
         if node in self.lost:
@@ -180,6 +193,33 @@ class Liveness:
         self.absent.discard(node)
         self.poke()
         return token
+
+    def _watch(self, node: str, token: str) -> None:
+        old = self._unattended.pop(token, None)
+        if old is not None:
+            old.cancel()
+
+        def due() -> None:
+            self._unattended.pop(token, None)
+            if not self.streams[token]:
+                self.lose(node, token, f"no presence stream within {self.presence_s:g}s of its registration")
+
+        self._unattended[token] = asyncio.get_running_loop().call_later(self.presence_s, due)
+
+    def attach(self, token: str) -> None:
+        """A Presence stream of the session `token` opened."""
+        self.streams[token] += 1
+        handle = self._unattended.pop(token, None)
+        if handle is not None:
+            handle.cancel()
+
+    def detach(self, node: str, token: str, why: str | None) -> bool:
+        """A Presence stream of `token` ended; the last one ends the session (unless `why` is None: the run is over)."""
+        self.streams[token] -= 1
+        if self.streams[token] > 0:
+            return False
+        del self.streams[token]
+        return why is not None and self.lose(node, token, why)
 
     def lose(self, node: str, token: str | None, why: str) -> bool:
         """End `node`'s session (if `token` is still its own) and start its grace period."""
@@ -216,6 +256,7 @@ async def hold_presence(context, liveness: Liveness, node: str, token: str, roun
     """Serve one Presence stream: the node is live while it stays open; its end (the node's process
     died, its link broke, or keepalive pings went unanswered) starts the node's grace period."""
     why = "run over"
+    liveness.attach(token)
     try:
         await context.write(pb.PresenceEvent(round=round_))
         await stop.wait()
@@ -225,5 +266,4 @@ async def hold_presence(context, liveness: Liveness, node: str, token: str, roun
     except Exception as exc:  # noqa: BLE001 - any failure of the stream is the node's loss
         why = f"presence stream failed ({exc.__class__.__name__})"
     finally:
-        if not stop.is_set():
-            liveness.lose(node, token, why)
+        liveness.detach(node, token, None if stop.is_set() else why)

@@ -66,16 +66,47 @@ def token_of(context) -> str:
     return ""
 
 
+NONCE_BYTES = 16
+
+
+def new_nonce() -> bytes:
+    """A link's registration nonce: kept for the link's life, so a Register retried after a lost reply is the same."""
+    return secrets.token_bytes(NONCE_BYTES)
+
+
+def check_nonce(nonce: bytes) -> None:
+    if nonce and len(nonce) != NONCE_BYTES:
+        raise WireError(grpc.StatusCode.INVALID_ARGUMENT,
+                        f"register nonce of {len(nonce)} bytes: {NONCE_BYTES} or none", "bad_register")
+
+
 class Sessions:
-    """node id -> live session token, held by the server a node registered with."""
+    """node id -> its live session (token, and the nonce it registered with), held by the server a node registered with."""
 
     def __init__(self) -> None:
         self._tokens: dict[str, str] = {}
+        self._nonces: dict[str, bytes] = {}
 
-    def issue(self, node: str) -> str:
-        token = secrets.token_urlsafe(24)
-        self._tokens[node] = token
-        return token
+    def admit(self, node: str, nonce: bytes = b"") -> None:
+        """The registration decision: no live session, or a live one registered with this same (non-empty) nonce (the
+        node retries a Register whose reply it lost: `issue` hands it the same token). Any other is a second party
+        claiming a live node id: refused until the session ends."""
+        if node in self._tokens and not self.replays(node, nonce):
+            raise WireError(grpc.StatusCode.ALREADY_EXISTS,
+                            f"{node} is registered and live: a second session is refused until the first ends",
+                            "already_registered")
+
+    def replays(self, node: str, nonce: bytes) -> bool:
+        current = self._nonces.get(node, b"")
+        return bool(nonce) and bool(current) and hmac.compare_digest(current, nonce)
+
+    def issue(self, node: str, nonce: bytes = b"") -> str:
+        """`node`'s token: a new session's, or the live session's again for the nonce it registered with."""
+        self.admit(node, nonce)
+        if node not in self._tokens:
+            self._tokens[node] = secrets.token_urlsafe(24)
+            self._nonces[node] = nonce
+        return self._tokens[node]
 
     def has(self, node: str) -> bool:
         return node in self._tokens
@@ -86,6 +117,7 @@ class Sessions:
         if current is None or (token is not None and current != token):
             return False
         del self._tokens[node]
+        del self._nonces[node]
         return True
 
     def check(self, context, node: str) -> str:

@@ -121,10 +121,10 @@ class EdgeServer(Gate, pbg.EdgeServiceServicer):
             await refuse(context, self.refusals, exc)
         token = ""
         if node:
-            if node in self.live.lost or node in self.live.absent:
+            if not self.live.sessions.has(node) and (node in self.live.lost or node in self.live.absent):
                 self.rejoined += 1
                 log.info("%s rejoined (round %d)", node, self.round)
-            token = self.live.registered(node)
+            token = self.live.registered(node, request.nonce)
             if not self.started and all(self.live.sessions.has(m) for m in self.members):
                 self.joined.set()
         round_ = self.round if self.round >= 0 else (0 if self.started else -1)
@@ -133,10 +133,8 @@ class EdgeServer(Gate, pbg.EdgeServiceServicer):
 
     def _check_registration(self, request: pb.RegisterRequest) -> None:
         node = request.node_id
-        if self.live.sessions.has(node):
-            raise wire.WireError(grpc.StatusCode.ALREADY_EXISTS,
-                                 f"{node} is registered and live: a node registers once per run (a second session is "
-                                 "refused until the first one ends)", "already_registered")
+        session.check_nonce(request.nonce)
+        self.live.sessions.admit(node, request.nonce)
         if self.started and not request.rejoin:
             raise wire.WireError(grpc.StatusCode.FAILED_PRECONDITION,
                                  f"the run has started: {node} can only come back with rejoin", "started")
@@ -262,6 +260,7 @@ class EdgeServer(Gate, pbg.EdgeServiceServicer):
         counts = spec.get("samples")
         self.samples = {m: int(counts[topology.device_index(m)]) for m in self.members} if counts else {}
         self.live.grace_s = self.cfg.net.rejoin_grace_s
+        self.live.presence_s = self.cfg.net.presence_deadline_s
         self.uplink = Link.device_uplink(self.cfg)
         self.backhaul = Link.from_config(self.cfg.pipeline, "backhaul")
         self.downlink = Link.from_config(self.cfg.pipeline, "downlink")

@@ -212,18 +212,20 @@ class Chunk(_message.Message):
     def __init__(self, data: _Optional[bytes] = ..., end: bool = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("run_id", "node_id", "num_samples", "rejoin", "trust")
+    __slots__ = ("run_id", "node_id", "num_samples", "rejoin", "trust", "nonce")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     REJOIN_FIELD_NUMBER: _ClassVar[int]
     TRUST_FIELD_NUMBER: _ClassVar[int]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     node_id: str
     num_samples: int
     rejoin: bool
     trust: str
-    def __init__(self, run_id: _Optional[str] = ..., node_id: _Optional[str] = ..., num_samples: _Optional[int] = ..., rejoin: bool = ..., trust: _Optional[str] = ...) -> None: ...
+    nonce: bytes
+    def __init__(self, run_id: _Optional[str] = ..., node_id: _Optional[str] = ..., num_samples: _Optional[int] = ..., rejoin: bool = ..., trust: _Optional[str] = ..., nonce: _Optional[bytes] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
     __slots__ = ("run_id", "spec_json", "cluster_id", "members", "session_token", "round")

@@ -9,10 +9,15 @@ valid session; the honest traffic it still forwards lets a run end as a clean ru
     ...
     proxy.sent                          # [(label, status code name, details)] of every hostile message
     proxy.calls                         # Counter of the node's calls by method name
+    proxy.replies                       # [(method, reply bytes, delivered)] of the node's unary calls (Register, ...)
 
 An Act says what the compromised node sends instead of the one upload: `hostile` envelopes first (each in a call of
 its own, its status recorded), then `forward` (the upload, possibly rewritten; None: dropped, the caller gets an
-empty reply where one is allowed), after `hold` (a callable that returns once the node may speak again: silence).
+empty reply where one is allowed), after `hold` (a callable that returns once the node may speak again: silence);
+`fail`, a status code: the upload is lost on the way (not forwarded) and the node gets that status.
+`unary(method, request bytes) -> Unary` does the same for the node's unary calls (Register, Check): `hold` before the
+call goes on, `request` (bytes) sent in its place, and `lose_reply`: the upstream handles the call (a Register: it holds
+the session) but its reply is lost on the way back and the node gets UNAVAILABLE, as when its deadline ran out first.
 """
 from __future__ import annotations
 
@@ -43,6 +48,14 @@ class Act:
     forward: pb.Envelope | None
     hostile: list[tuple[str, pb.Envelope]] = field(default_factory=list)  # (label, envelope)
     hold: Callable[[], None] | None = None
+    fail: grpc.StatusCode | None = None
+
+
+@dataclass
+class Unary:
+    hold: Callable[[], None] | None = None
+    request: bytes | None = None
+    lose_reply: bool = False
 
 
 def passthrough(method: str, envelope: pb.Envelope) -> Act:
@@ -58,8 +71,11 @@ def one(envelope: pb.Envelope) -> bytes:
 
 
 class Tamper:
-    def __init__(self, tamper: Callable[[str, pb.Envelope], Act] = passthrough):
+    def __init__(self, tamper: Callable[[str, pb.Envelope], Act] = passthrough,
+                 unary: Callable[[str, bytes], Unary] = lambda method, request: Unary()):
         self.tamper = tamper
+        self.unary = unary
+        self.replies: list[tuple[str, bytes, bool]] = []
         self._upstream: str | None = None
         self._ready = threading.Event()
         self.sent: list[tuple[str, str, str]] = []
@@ -113,7 +129,7 @@ class _Handler(grpc.GenericRpcHandler):
         kind = KINDS.get(name)
         self.proxy.calls[name] += 1
         if kind == _UNARY:
-            return grpc.unary_unary_rpc_method_handler(lambda req, ctx: self._unary(method, req, ctx))
+            return grpc.unary_unary_rpc_method_handler(lambda req, ctx: self._unary(method, name, req, ctx))
         if kind == _SERVER_STREAM:
             return grpc.unary_stream_rpc_method_handler(lambda req, ctx: self._server_stream(method, req, ctx))
         if kind == _CLIENT_STREAM or kind == _BIDI:
@@ -124,15 +140,26 @@ class _Handler(grpc.GenericRpcHandler):
                 lambda req, ctx: self._upload(method, UPLOADS[name], iter([req]), ctx, kind))
         return None
 
-    def _unary(self, method, request, context):
+    def _unary(self, method, name, request, context):
+        channel = self.proxy.wait_upstream()
+        act = self.proxy.unary(name, request)
+        if act.hold is not None:
+            act.hold()
         try:
-            return self.proxy.wait_upstream().unary_unary(method)(request, metadata=_metadata(context))
+            reply = channel.unary_unary(method)(request if act.request is None else act.request,
+                                                metadata=_metadata(context))
         except grpc.RpcError as exc:
             context.abort(exc.code(), exc.details() or "")
+        delivered = not act.lose_reply
+        self.proxy.replies.append((name, reply, delivered))
+        if not delivered:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the reply was lost on the way (the test's proxy)")
+        return reply
 
     def _server_stream(self, method, request, context):
         call = self.proxy.wait_upstream().unary_stream(method)(request, metadata=_metadata(context))
-        context.add_callback(call.cancel)  # the node hung up: so does its stand-in upstream (presence ends)
+        if not context.add_callback(call.cancel):  # the node hung up: so does its stand-in upstream (presence ends)
+            call.cancel()  # it hung up before the callback could be added: the callback would never run
         try:
             yield from call
         except grpc.RpcError as exc:
@@ -160,6 +187,8 @@ class _Handler(grpc.GenericRpcHandler):
                 self.proxy.sent.append((label, exc.code().name, exc.details() or ""))
         if act.hold is not None:
             act.hold()
+        if act.fail is not None:
+            context.abort(act.fail, "the upload was lost on the way (the test's proxy)")
         if act.forward is None:
             return {_BIDI: iter(()), _ONE: pb.Chunk(data=b"").SerializeToString()}.get(
                 kind, pb.Ack(accepted=True, detail="dropped on the way").SerializeToString())

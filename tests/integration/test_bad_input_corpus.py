@@ -209,10 +209,10 @@ def corpus(tb, a: RawDevice, b: RawDevice, round_: int, step: int, kind: str, go
          lambda: next(b.stub.Presence(pb.PresenceRequest(run_id=run_id, node_id="dev-00004"), metadata=b.metadata)))
 
     # -- registration: override, weight hijack ---------------------------------------------------------
-    def register(node, num_samples=None, rejoin=False, run=None, address=edge_addr):
+    def register(node, num_samples=None, rejoin=False, run=None, address=edge_addr, nonce=b""):
         stub = b.stub if address == edge_addr else edge0.stub
         req = pb.RegisterRequest(run_id=run_id if run is None else run, node_id=node, rejoin=rejoin,
-                                 num_samples=b.num_samples if num_samples is None else num_samples)
+                                 num_samples=b.num_samples if num_samples is None else num_samples, nonce=nonce)
         return lambda: stub.Register(req, timeout=30, metadata=session.join_metadata())  # an insider's register
 
     unary = lambda method, data: lambda: channel.unary_unary(method, request_serializer=lambda x: x,
@@ -231,6 +231,14 @@ def corpus(tb, a: RawDevice, b: RawDevice, round_: int, step: int, kind: str, go
     case("weight hijack -1", S.ALREADY_EXISTS, register("dev-00004", -1, rejoin=True))
     case("weight hijack at edge-000", S.ALREADY_EXISTS,
          register("dev-00000", 2 ** 63 - 1, rejoin=True, address=tb.edge_addresses[0]))
+    # a nonce is a live session's only when it is the one its node registered with (b registered with none)
+    case("register live device with a nonce of its own (rejoin)", S.ALREADY_EXISTS,
+         register("dev-00005", rejoin=True, nonce=session.new_nonce()))
+    case("register live device with a zero nonce", S.ALREADY_EXISTS, register("dev-00005", rejoin=True, nonce=bytes(16)))
+    case("register nonce of 15 bytes", S.INVALID_ARGUMENT, register("dev-00005", rejoin=True, nonce=b"n" * 15))
+    case("register nonce of 17 bytes", S.INVALID_ARGUMENT, register("dev-00004", rejoin=True, nonce=b"n" * 17))
+    case("register nonce of 1 MiB", S.INVALID_ARGUMENT, register("dev-00004", rejoin=True, nonce=b"n" * MIB),
+         short_detail=True)
 
     # -- wrong run, round, phase, step, attempt -------------------------------------------------------------
     case("wrong run id", S.FAILED_PRECONDITION, lambda: X(env(run="hfl-00000000")))
@@ -343,6 +351,11 @@ def corpus(tb, a: RawDevice, b: RawDevice, round_: int, step: int, kind: str, go
     case("cloud: register 1 MiB id", S.INVALID_ARGUMENT, lambda: rogue.register(HUGE_ID), short_detail=True)
     case("cloud: register live edge", S.ALREADY_EXISTS, lambda: rogue.register("edge-001"))
     case("cloud: register live edge (rejoin)", S.ALREADY_EXISTS, lambda: rogue.register("edge-001", rejoin=True))
+    case("cloud: register live edge with a nonce of its own", S.ALREADY_EXISTS, lambda: rogue.stub.Register(
+        pb.RegisterRequest(node_id="edge-001", rejoin=True, nonce=session.new_nonce()), timeout=30,
+        metadata=session.join_metadata()))
+    case("cloud: register nonce of 1 byte", S.INVALID_ARGUMENT, lambda: rogue.stub.Register(
+        pb.RegisterRequest(node_id="edge-001", rejoin=True, nonce=b"\0"), timeout=30, metadata=session.join_metadata()))
     case("cloud: register with wrong run id", S.FAILED_PRECONDITION, lambda: rogue.stub.Register(
         pb.RegisterRequest(run_id="hfl-00000000", node_id="edge-001"), timeout=30))
     case("cloud: submit from unknown edge", S.PERMISSION_DENIED, lambda: rogue.submit(sub("edge-999")))

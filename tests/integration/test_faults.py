@@ -15,10 +15,12 @@ import grpc
 import psutil
 import pytest
 
+from hfl.common import session
 from hfl.proto import hfl_v1_pb2 as pb
 from hfl.proto import hfl_v1_pb2_grpc as pbg
 
 from .conftest import SMALL
+from .mitm import Act, Tamper, Unary, until
 
 SMALL = SMALL + ["topology.host_layout=per_edge"]  # these tests kill and read device hosts by per-edge name
 
@@ -78,6 +80,70 @@ def test_cloud_killed_and_resumed_gives_the_clean_metrics(hfl_testbed, clean_row
     summary = tb.summary()
     assert summary["resumed"] is True and summary["rounds"] == 4
     assert len({r["round"] for r in rows}) == len(rows) == 4  # no round twice, none missing
+
+
+def lose_a_register_reply(hfl_testbed, overrides, renonce: bool):
+    """Edge-000's round-1 Submit is lost on the way, so the edge drops its session and registers again; once the cloud
+    has seen that session's presence end, it handles the new Register (it holds a new session, and no presence stream
+    comes for it) but its reply is lost too: the lockout the flaky resume test hit. `renonce`: every later Register is
+    sent with a nonce of its own, as a party other than that session's. Returns the testbed and the Register replies
+    (token, delivered) the edge's proxy saw, the lost one's index."""
+    state, tb = {"failed": False, "lost": False}, None
+
+    def edge(method, envelope):
+        if method == "Submit" and envelope.meta.round == 1 and not state["failed"]:
+            state["failed"] = True
+            return Act(envelope, fail=grpc.StatusCode.UNAVAILABLE)
+        return Act(envelope)
+
+    def cloud_lost_the_edge() -> bool:
+        return "lost edge-000: " in (tb.logs / "cloud.log").read_text()
+
+    def unary(method, request):
+        if method != "Register" or not state["failed"]:
+            return Unary()
+        if not state["lost"]:
+            state["lost"] = True
+            return Unary(hold=until(cloud_lost_the_edge, 60), lose_reply=True)
+        if not renonce:
+            return Unary()
+        other = pb.RegisterRequest.FromString(request)
+        other.nonce = session.new_nonce()
+        return Unary(request=other.SerializeToString())
+
+    with Tamper(edge, unary) as proxy:
+        tb = hfl_testbed(overrides=overrides, via={"edge-000": proxy.address})
+        proxy.upstream = tb.cloud_address
+        tb.wait(timeout=300)
+    assert state == {"failed": True, "lost": True}
+    registers = [(pb.RegisterReply.FromString(reply).session_token, delivered)
+                 for method, reply, delivered in proxy.replies if method == "Register"]
+    lost = next(i for i, (_, delivered) in enumerate(registers) if not delivered)
+    assert lost >= 1 and len(registers) == lost + 2, registers  # the join, the lost one, the one that let it back in
+    assert registers[lost][0] != registers[0][0] and registers[lost + 1][1]
+    assert "registered again with the cloud" in (tb.logs / "edge-000.log").read_text()
+    return tb, registers, lost
+
+
+def test_a_register_whose_reply_was_lost_is_retried_into_the_same_session(hfl_testbed, clean_rows):
+    """The edge's retry carries the same nonce, so the cloud hands it the session's token again instead of refusing
+    it as already registered. The presence deadline is set past the run's end: only the nonce can let the edge in."""
+    tb, registers, lost = lose_a_register_reply(hfl_testbed, FAULTS + ["net.presence_deadline_s=3600"], renonce=False)
+    assert registers[lost + 1][0] == registers[lost][0]
+    cloud = (tb.logs / "cloud.log").read_text()
+    assert "already_registered" not in cloud and "edge-000 rejoined during round 1" in cloud
+    assert key(tb.metrics()) == key(clean_rows)
+
+
+def test_a_session_that_no_presence_stream_holds_ends_at_the_presence_deadline(hfl_testbed, clean_rows):
+    """Registers with other nonces are refused while the session of the lost reply lives; no presence stream comes for
+    it, so it ends after net.presence_deadline_s and the next Register opens a new session."""
+    tb, registers, lost = lose_a_register_reply(hfl_testbed, FAULTS + ["net.presence_deadline_s=5"], renonce=True)
+    assert registers[lost + 1][0] != registers[lost][0]
+    cloud = (tb.logs / "cloud.log").read_text()
+    assert "lost edge-000: no presence stream within 5s of its registration" in cloud
+    assert cloud.count("refused already_registered from ") >= 1
+    assert key(tb.metrics()) == key(clean_rows)
 
 
 def test_device_host_killed_and_restarted_gives_the_clean_metrics(hfl_testbed, clean_rows):

@@ -179,6 +179,9 @@ def cmd_certs(args) -> int:
 
 
 def cmd_run(args) -> int:
+    from hfl.node_spawn import prepare
+
+    prepare()  # first: the forkserver's imports overlap the launcher's (rich, the config's registries, torch)
     from hfl.common.config import ConfigError
     from hfl.launcher import run_with_progress
 

@@ -219,12 +219,23 @@ def run_node(argv: list[str], log_path: str, env: dict) -> None:
 
 
 SPAWNERS: dict[str, Callable] = {"exec": spawn_exec, "fork": ForkedNode}
+# What a spawner needs started before its first node: the forkserver's imports (~3 s of CPU, mostly torch) then run
+# on the other core while the launcher imports its own modules, loads the config and checks the data.
+PREPARERS: dict[str, Callable[[], None]] = {"exec": lambda: None, "fork": warm}
+
+
+def _name(name: str | None) -> str:
+    name = name or os.environ.get(SPAWN_ENV) or DEFAULT
+    if name not in SPAWNERS:
+        raise ValueError(f"{SPAWN_ENV}={name!r}: choose one of {', '.join(SPAWNERS)}")
+    return name
 
 
 def spawner(name: str | None = None) -> Callable:
     """The spawner called `name`, else $HFL_SPAWN, else DEFAULT."""
-    name = name or os.environ.get(SPAWN_ENV) or DEFAULT
-    try:
-        return SPAWNERS[name]
-    except KeyError:
-        raise ValueError(f"{SPAWN_ENV}={name!r}: choose one of {', '.join(SPAWNERS)}") from None
+    return SPAWNERS[_name(name)]
+
+
+def prepare(name: str | None = None) -> None:
+    """Start now what spawner(name) needs before its first node (idempotent)."""
+    PREPARERS[_name(name)]()

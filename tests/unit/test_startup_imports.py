@@ -1,5 +1,6 @@
 """Start-up cost (issue 25): what a node's process imports before it listens. Every edge of a run is its own
 process, so a heavy library on the edge's import path is paid once per edge at every launch."""
+import json
 import subprocess
 import sys
 
@@ -56,3 +57,29 @@ def test_a_run_without_privacy_loads_no_accountant_before_round_0():
     assert out.returncode == 0, out.stderr[-2000:]
     loaded = set(out.stdout.split())
     assert "hfl" in loaded and not {"dp_accounting", "scipy"} & loaded
+
+
+def test_the_launcher_checks_the_model_without_importing_torch():
+    """`hfl run` validates the config (model names) and runs preflight's model check in a fork of the forkserver
+    (node_spawn.call_forked): the launcher never imports torch (~2.5 s of CPU); the check learns what it did in
+    process and still refuses a model that does not fit the data."""
+    code = ("import json, sys; from hfl import families; from hfl.common import config; "
+            "from hfl.common.config import ConfigError; from hfl.node_spawn import call_forked; "
+            "from hfl.preflight import preflight; "
+            "info = preflight(config.load(None, ['data.dataset=synthetic', 'data.synthetic_samples=500']), call_forked); "
+            "bad = config.load(None, ['data.dataset=synthetic', 'data.synthetic_samples=500', "
+            "'data.synthetic_shape=[1, 2, 2]']); "
+            "exec('try:\\n preflight(bad, call_forked)\\nexcept ConfigError as exc:\\n refused = str(exc)'); "
+            "print(json.dumps({'info': info, 'refused': refused, 'torch': 'torch' in sys.modules}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.splitlines()[-1])
+    assert got["torch"] is False
+    assert "model.name = 'mnist-cnn' does not run on synthetic" in got["refused"]
+
+    from hfl.common import config
+    from hfl.preflight import preflight
+
+    here = preflight(config.load(None, ["data.dataset=synthetic", "data.synthetic_samples=500"]))
+    assert got["info"] == {**here, "input_shape": list(here["input_shape"])}
+    assert here["parameters"] == 28938  # mnist-cnn on 1x28x28, 10 classes

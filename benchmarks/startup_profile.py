@@ -146,6 +146,10 @@ def profile(data: str, extra: list[str]) -> dict:
     import hfl.cli as cli
 
     marks("import hfl.cli")
+    first = getattr(cli, "FIRST", {}).get("run")  # what main() starts before it parses the command line
+    if first is not None:
+        first()
+        marks("forkserver start requested (hfl.cli.FIRST)")
     import hfl.launcher  # what cmd_run imports first
 
     marks("import hfl.launcher (rich, testbed, families)")

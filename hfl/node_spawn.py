@@ -222,6 +222,10 @@ def call_here(fn: Callable, *args):
     return fn(*args)
 
 
+class CallFailed(RuntimeError):
+    """call_forked's process did not start, or died before it answered: not an error of the function called."""
+
+
 def call_forked(fn: Callable, *args):
     """fn(*args) in a fork of the forkserver, which imported torch once for every node: the launcher then never
     imports it. Its result comes back through a pipe; so does its exception (one that does not pickle as a
@@ -229,9 +233,14 @@ def call_forked(fn: Callable, *args):
     ctx = _context()
     receive, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_call_and_send, args=(send, fn, args))
-    with _main_hidden():
-        proc.start()
-    send.close()
+    name = getattr(fn, "__qualname__", fn)
+    try:
+        with _main_hidden():
+            proc.start()
+    except OSError as exc:  # the forkserver is gone
+        raise CallFailed(f"cannot fork a process for {name}: {exc}") from exc
+    finally:
+        send.close()
     try:
         ok, value = receive.recv()
     except EOFError:  # it died before it answered
@@ -240,8 +249,7 @@ def call_forked(fn: Callable, *args):
         receive.close()
         proc.join()
     if not ok:
-        raise value or RuntimeError(f"{getattr(fn, '__qualname__', fn)} died in its forked process (exit "
-                                    f"{proc.exitcode})")
+        raise value or CallFailed(f"{name} died in its forked process (exit {proc.exitcode})")
     return value
 
 

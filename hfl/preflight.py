@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 
 from hfl.common.channel.config import check_air_messages
 from hfl.common.config import Config, ConfigError
-from hfl.node_spawn import call_here
+from hfl.node_spawn import CallFailed, call_here
 
 _checked: dict[str, dict] = {}
 
@@ -54,6 +54,8 @@ def preflight(cfg: Config, call: Callable = call_here) -> dict:
     try:
         shape, parameters = call(model_outputs, cfg.model.name, tuple(data.input_shape), data.num_classes,
                                  np.asarray(data.x_train[:2], dtype=np.float32), list(cfg.run.plugins), list(sys.path))
+    except CallFailed:
+        raise
     except Exception as exc:  # any shape mismatch or a plugin model's own error
         raise ConfigError(f"model.name = {cfg.model.name!r} does not run on {cfg.data.dataset} (input shape "
                           f"{tuple(data.input_shape)}, {data.num_classes} classes): {exc.__class__.__name__}: {exc}") from None

@@ -231,5 +231,5 @@ def test_a_call_through_the_spawner_returns_its_result_and_raises_its_error(kind
         assert call(spawn_target.torch_loaded)  # the forkserver's preload
         with pytest.raises(RuntimeError, match="Unpicklable: a reason"):
             call(spawn_target.fail_unpicklably)
-        with pytest.raises(RuntimeError, match="exit 3"):
+        with pytest.raises(node_spawn.CallFailed, match="exit 3"):
             call(os._exit, 3)

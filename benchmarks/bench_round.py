@@ -1,4 +1,4 @@
-"""Benchmarks (not timed tests). Run: python benchmarks/bench_round.py [a|b|all] [--repeats N] [--layouts ...]
+"""Benchmarks (not timed tests). Run: python benchmarks/bench_round.py [a|b|startup|all] [--repeats N] [--layouts ...]
 
 (a) round time: emulated HierFAVG (100 devices in 10 edges, small MNIST CNN, 1 local epoch, real
     processes and sockets) for each device-host layout (per_core: one host per core; per_edge: one per
@@ -10,6 +10,11 @@
     <= 10 s, peak PSS <= 1.5 GB.
 (b) scale: 1,000 emulated devices in 20 edges: HierFAVG round time and memory per device
     (sum of the RSS / PSS of every process of the testbed / devices). Target < 20 MB per device.
+(startup) `hfl run`'s start-up at 100 devices in 10 edges (per_core), on the default data (mnist-embedded) and on
+    (a)'s synthetic data (`--data default synthetic`): each repeat runs benchmarks/startup_profile.py in a fresh
+    process (the launcher as `hfl run` starts it, no torch imported before it) and reports the command's start to
+    round 0, the cloud's `startup_seconds` (the nodes' launch to round 0) and the CPU time of every process to round
+    0; `--profile` prints each run's phase timeline. Target: `startup_seconds` <= 3 s on the default data.
 See also benchmarks/bench_rpc.py (CPU per exchange) and benchmarks/bench_scale.py (10,000 devices).
 """
 from __future__ import annotations
@@ -19,6 +24,7 @@ import json
 import multiprocessing as mp
 import pathlib
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -284,9 +290,41 @@ def bench_b(repeats: int, layouts: list[str]) -> dict:
     return out
 
 
+STARTUP_FIGURES = ("command_to_round0_seconds", "startup_seconds", "cpu_to_round0_total")
+
+
+def bench_startup(repeats: int, datas: list[str], profile: bool = False) -> dict:
+    script = pathlib.Path(__file__).with_name("startup_profile.py")
+    out: dict = {}
+    for i in range(repeats):
+        for data in datas:  # the data sets take turns
+            with tempfile.TemporaryDirectory() as tmp:
+                path = pathlib.Path(tmp) / "profile.json"
+                run = subprocess.run([sys.executable, str(script), "--data", data, "--json", str(path)],
+                                     capture_output=True, text=True, timeout=1800)
+                if run.returncode != 0:
+                    raise RuntimeError(f"startup_profile.py --data {data} failed:\n{run.stderr[-3000:]}")
+                rep = json.loads(path.read_text())
+            out.setdefault(data, {"repeats": []})["repeats"].append(rep)
+            if profile:
+                from startup_profile import render  # beside this script
+
+                print(render(rep), flush=True)
+            print(f"[startup] repeat {i + 1}/{repeats} {data}: command to round 0 {rep['command_to_round0_seconds']:.2f}s, "
+                  f"startup_seconds {rep['startup_seconds']:.2f}s, CPU to round 0 {rep['cpu_to_round0_total']:.2f}s "
+                  f"({', '.join(f'{k} {v:.2f}' for k, v in rep['cpu_to_round0'].items())}); load average "
+                  f"{rep['load_average'][0]:.1f}", flush=True)
+    for data, res in out.items():
+        res["median"] = {k: statistics.median(r[k] for r in res["repeats"]) for k in STARTUP_FIGURES}
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("which", nargs="?", default="all", choices=("a", "b", "all"))
+    parser.add_argument("which", nargs="?", default="all", choices=("a", "b", "startup", "all"))
+    parser.add_argument("--data", nargs="+", default=["default", "synthetic"], choices=("default", "synthetic"),
+                        help="startup: the data sets (default: mnist-embedded; synthetic: (a)'s)")
+    parser.add_argument("--profile", action="store_true", help="startup: print each run's phase timeline")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--layouts", nargs="+", default=["per_core", "per_edge"], choices=("per_core", "per_edge"))
     parser.add_argument("--loop-threads", type=int, nargs="+", default=[1],
@@ -309,6 +347,13 @@ def main() -> int:
             print(f"(b) 1,000 devices / 20 edges, {layout}: median round {b['median_round_seconds']:.1f}s, "
                   f"{b['median_rss_mb_per_device']:.2f} MB RSS per device "
                   f"({b['median_pss_mb_per_device']:.2f} MB PSS); target < 20 MB")
+    if args.which in ("startup", "all"):
+        report["startup"] = bench_startup(args.repeats, args.data, args.profile)
+        for data, res in report["startup"].items():
+            m = res["median"]
+            print(f"(startup) {data} data, 100 devices, per_core: median startup_seconds {m['startup_seconds']:.2f}s "
+                  f"(target <= 3), command to round 0 {m['command_to_round0_seconds']:.2f}s, CPU to round 0 "
+                  f"{m['cpu_to_round0_total']:.2f}s")
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(report, indent=2))
     return 0

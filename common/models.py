@@ -2,12 +2,18 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from torch import nn
 
 from .registry import Registry
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+# torch is imported where it is used: the launcher validates model names (config choices) and starts the nodes
+# without importing it (~2.5 s of CPU at every `hfl run`; the forkserver imports it once for every node).
 
 MODELS: Registry = Registry("model")
 
@@ -15,24 +21,32 @@ MODELS: Registry = Registry("model")
 @MODELS.register("linear")
 def linear(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """Softmax regression 784 -> 10 with bias, M = 7,850 (paper 000's M = 7,840 plus the bias)."""
+    from torch import nn
+
     return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes))
 
 
 @MODELS.register("linear-nobias")
 def linear_nobias(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """Paper 000's M = 7,840 exactly: 784 -> 10 without bias."""
+    from torch import nn
+
     return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes, bias=False))
 
 
 @MODELS.register("mlp")
 def mlp(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """The 784-200-10 perceptron of paper 004 (input size follows the dataset)."""
+    from torch import nn
+
     return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), 200), nn.ReLU(), nn.Linear(200, num_classes))
 
 
 @MODELS.register("mnist-cnn")
 def mnist_cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """Small MNIST CNN: conv5x5(16) -> pool -> conv5x5(32) -> pool -> fc."""
+    from torch import nn
+
     c, h, w = input_shape
     return nn.Sequential(
         nn.Conv2d(c, 16, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
@@ -45,6 +59,8 @@ def mnist_cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
 def cifar_cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """Paper 001's CIFAR-10 CNN (and paper 003's): 3x3 convs 32, 32, 64, 64 with ReLU, same padding, 2x2 max-pool
     after each pair, fc 128, fc 10; d = 591,274 on 32x32x3, 467,818 on 28x28x1."""
+    from torch import nn
+
     c, h, w = input_shape
     return nn.Sequential(
         nn.Conv2d(c, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
@@ -57,6 +73,8 @@ def cifar_cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
 def ota_cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """Paper 003's MNIST CNN, valid padding: conv3x3(32) -> pool -> conv3x3(64) -> pool -> fc128 -> fc10;
     d = 225,034 on 28x28x1."""
+    from torch import nn
+
     c, h, w = input_shape
     side = lambda n: ((n - 2) // 2 - 2) // 2  # noqa: E731
     return nn.Sequential(
@@ -71,6 +89,9 @@ def build(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Modul
 
 def init_parameters(model: nn.Module, gen: torch.Generator) -> None:
     """PyTorch's default layer initialisation, drawn from an explicit generator (no global RNG)."""
+    import torch
+    from torch import nn
+
     with torch.no_grad():
         for module in model.modules():
             if isinstance(module, (nn.Linear, nn.Conv2d)):
@@ -86,11 +107,15 @@ def num_parameters(model: nn.Module) -> int:
 
 
 def get_flat(model: nn.Module) -> np.ndarray:
+    import torch
+
     return torch.nn.utils.parameters_to_vector(model.parameters()).detach().numpy().astype(np.float32, copy=True)
 
 
 def set_flat(model: nn.Module, vec: np.ndarray) -> None:
     """Copy `vec` into the parameters (torch's vector_to_parameters would alias the caller's array)."""
+    import torch
+
     flat = torch.from_numpy(np.asarray(vec, dtype=np.float32))
     if flat.numel() != num_parameters(model):
         raise ValueError(f"vector of {flat.numel()} values for a model of {num_parameters(model)} parameters")

@@ -8,7 +8,7 @@ import pathlib
 import time
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +41,54 @@ def keepalive_options(server: bool, keepalive_s: float = KEEPALIVE_S) -> list[tu
             ("grpc.http2.max_pings_without_data", 0)]
 
 
+class HealthService(health_pb2_grpc.HealthServicer):
+    """The standard health service (Check, Watch) of a node's one status, service "". Not grpcio's aio servicer:
+    when any watch ends it drops the condition that every other watch waits on, and those never hear the next
+    change (a device host watching an edge while another host's watch ends would wait out its whole timeout)."""
+
+    def __init__(self) -> None:
+        self.status = NOT_SERVING
+        self.changed = asyncio.Condition()
+        self.final = False
+
+    async def Check(self, request, context):
+        if request.service:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service[:64]!r}")
+        return health_pb2.HealthCheckResponse(status=self.status)
+
+    async def Watch(self, request, context):
+        last = None
+        while True:
+            status = self._status(request.service)
+            if status != last:  # written outside the lock: a slow reader must not hold up set()
+                await context.write(health_pb2.HealthCheckResponse(status=status))
+                last = status
+            async with self.changed:
+                if self._status(request.service) == last:
+                    await self.changed.wait()
+
+    def _status(self, service: str):
+        return health_pb2.HealthCheckResponse.SERVICE_UNKNOWN if service else self.status
+
+    async def set(self, status) -> None:
+        if self.final:
+            return
+        async with self.changed:
+            self.status = status
+            self.changed.notify_all()
+
+    async def enter_graceful_shutdown(self) -> None:
+        """NOT_SERVING for good: later set() calls change nothing."""
+        await self.set(NOT_SERVING)
+        self.final = True
+
+
 class Server:
     """A grpc.aio server bound to `listen`, serving the standard health service (NOT_SERVING until ready)."""
 
     def __init__(self, listen: str, chunk_bytes: int, credentials: grpc.ServerCredentials | None = None):
         self.server = grpc.aio.server(options=message_options(chunk_bytes) + keepalive_options(server=True))
-        self.health = health.aio.HealthServicer()
+        self.health = HealthService()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         if credentials is None:
             self.port = self.server.add_insecure_port(listen)
@@ -59,7 +101,6 @@ class Server:
 
     async def start(self, port_file: str | None = None) -> None:
         await self.server.start()
-        await self.health.set("", NOT_SERVING)
         if port_file:
             path = pathlib.Path(port_file)
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -68,7 +109,7 @@ class Server:
             tmp.rename(path)  # atomic: readers never see a half-written port
 
     async def ready(self) -> None:
-        await self.health.set("", SERVING)
+        await self.health.set(SERVING)
 
     async def stop(self, grace: float) -> None:
         await self.health.enter_graceful_shutdown()
@@ -147,21 +188,25 @@ def channel(address: str, chunk_bytes: int, credentials: grpc.ChannelCredentials
 
 
 async def wait_serving(chan: grpc.aio.Channel, timeout: float, what: str) -> None:
-    """Poll the upstream's health service until it reports SERVING."""
+    """Wait until the upstream's health service reports SERVING. Its Watch stream says so as it changes: a poll
+    would add up to its interval at each hop of the start-up (the cloud's edges, then the edges' device hosts)."""
     stub = health_pb2_grpc.HealthStub(chan)
     deadline = time.monotonic() + timeout
     last = "no answer"
     hinted = announced = False
-    while time.monotonic() < deadline:
+    while (left := deadline - time.monotonic()) > 0:
+        call = stub.Watch(health_pb2.HealthCheckRequest(service=""), timeout=left)
         try:
-            reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2.0)
-            if reply.status == SERVING:
-                return
-            last = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
-            if not announced:
-                announced = True
-                log.info("%s answers but is not serving yet (%s): retrying for up to %.0fs", what, last, timeout)
+            async for reply in call:
+                if reply.status == SERVING:
+                    return
+                last = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+                if not announced:
+                    announced = True
+                    log.info("%s answers but is not serving yet (%s): retrying for up to %.0fs", what, last, timeout)
         except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                break
             last = f"{exc.code().name}: {exc.details()}"
             if exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
                 raise
@@ -174,7 +219,9 @@ async def wait_serving(chan: grpc.aio.Channel, timeout: float, what: str) -> Non
                 log.warning("%s answers but the connection closes (%s): if it speaks TLS, check that this node uses "
                             "certificates from the same CA (or that both sides use plaintext); retrying", what,
                             exc.details())
-        await asyncio.sleep(0.2)
+        finally:
+            call.cancel()
+        await asyncio.sleep(0.2)  # not listening yet, or its watch ended (it is shutting down)
     raise TimeoutError(f"{what} not SERVING after {timeout:.0f}s ({last})")
 
 

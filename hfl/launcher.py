@@ -153,6 +153,9 @@ def run_with_progress(config, overrides, out=None, quiet: bool = False, certs: s
         if deaths:
             summary["node_deaths"] = deaths
         summary["total_seconds"] = round(time.monotonic() - launched, 2)  # from the command's start
+        # the command's start to the nodes' launch (imports, config, preflight, the forkserver's preload); the
+        # cloud's startup_seconds runs from there to round 0
+        summary["prelaunch_seconds"] = round(bed.launched - launched, 2)
         metrics.write_json(bed.run_dir / "summary.json", summary)
     except RunFinished as exc:
         console.print(str(exc), markup=False, highlight=False, soft_wrap=True)

@@ -218,13 +218,81 @@ def run_node(argv: list[str], log_path: str, env: dict) -> None:
         os._exit(code & 0xFF)
 
 
+def call_here(fn: Callable, *args):
+    return fn(*args)
+
+
+class CallFailed(RuntimeError):
+    """call_forked's process did not start, or died before it answered: not an error of the function called."""
+
+
+def call_forked(fn: Callable, *args):
+    """fn(*args) in a fork of the forkserver, which imported torch once for every node: the launcher then never
+    imports it. Its result comes back through a pipe; so does its exception (one that does not pickle as a
+    RuntimeError with its class name and message)."""
+    ctx = _context()
+    receive, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_call_and_send, args=(send, fn, args))
+    name = getattr(fn, "__qualname__", fn)
+    try:
+        with _main_hidden():
+            proc.start()
+    except OSError as exc:  # the forkserver is gone
+        raise CallFailed(f"cannot fork a process for {name}: {exc}") from exc
+    finally:
+        send.close()
+    try:
+        ok, value = receive.recv()
+    except EOFError:  # it died before it answered
+        ok, value = False, None
+    finally:
+        receive.close()
+        proc.join()
+    if not ok:
+        raise value or CallFailed(f"{name} died in its forked process (exit {proc.exitcode})")
+    return value
+
+
+def _call_and_send(conn, fn: Callable, args: tuple) -> None:
+    import pickle
+
+    try:
+        out = (True, fn(*args))
+    except Exception as exc:
+        try:
+            pickle.dumps(exc)
+        except Exception:
+            exc = RuntimeError(f"{exc.__class__.__name__}: {exc}")
+        out = (False, exc)
+    conn.send(out)
+    conn.close()
+
+
 SPAWNERS: dict[str, Callable] = {"exec": spawn_exec, "fork": ForkedNode}
+# How the launcher runs work that needs the nodes' modules (torch) before any node starts (preflight's model check).
+CALLERS: dict[str, Callable] = {"exec": call_here, "fork": call_forked}
+# What a spawner needs started before its first node: the forkserver's imports (~3 s of CPU, mostly torch) then run
+# on the other core while the launcher imports its own modules, loads the config and checks the data.
+PREPARERS: dict[str, Callable[[], None]] = {"exec": lambda: None, "fork": warm}
+
+
+def _name(name: str | None) -> str:
+    name = name or os.environ.get(SPAWN_ENV) or DEFAULT
+    if name not in SPAWNERS:
+        raise ValueError(f"{SPAWN_ENV}={name!r}: choose one of {', '.join(SPAWNERS)}")
+    return name
 
 
 def spawner(name: str | None = None) -> Callable:
     """The spawner called `name`, else $HFL_SPAWN, else DEFAULT."""
-    name = name or os.environ.get(SPAWN_ENV) or DEFAULT
-    try:
-        return SPAWNERS[name]
-    except KeyError:
-        raise ValueError(f"{SPAWN_ENV}={name!r}: choose one of {', '.join(SPAWNERS)}") from None
+    return SPAWNERS[_name(name)]
+
+
+def caller(name: str | None = None) -> Callable:
+    """call_here or call_forked, for the spawner called `name` (else $HFL_SPAWN, else DEFAULT)."""
+    return CALLERS[_name(name)]
+
+
+def prepare(name: str | None = None) -> None:
+    """Start now what spawner(name) needs before its first node (idempotent)."""
+    PREPARERS[_name(name)]()

@@ -4,16 +4,20 @@ the model accepts the data's shape, a latency.auto_tau_gamma deadline fits the m
 messages fit net.max_message_mb. Each failure is a ConfigError naming the key to change."""
 from __future__ import annotations
 
+from typing import Callable, Sequence
+
 from hfl.common.channel.config import check_air_messages
 from hfl.common.config import Config, ConfigError
+from hfl.node_spawn import CallFailed, call_here
 
 _checked: dict[str, dict] = {}
 
 
-def preflight(cfg: Config) -> dict:
+def preflight(cfg: Config, call: Callable = call_here) -> dict:
     """Load the dataset (through the shared cache), partition it as the cloud will, and run one forward pass of
-    the model on two training samples. Remembered per (data, model, topology, seed), so a sweep pays once.
-    Returns what it learned: num_classes, train_samples, input_shape."""
+    the model on two training samples (through `call`: node_spawn.call_forked runs it in a fork of the forkserver,
+    so that the launcher does not import torch). Remembered per (data, model, topology, seed), so a sweep pays once.
+    Returns what it learned: num_classes, train_samples, input_shape, parameters."""
     import json
 
     from hfl.common.config import to_dict
@@ -43,26 +47,45 @@ def preflight(cfg: Config) -> dict:
         partition(data.y_train, cfg.num_devices, numpy_rng(cfg.run.seed, "data", "partition"), cfg.data, **extra)
     except ValueError as exc:
         raise ConfigError(f"data.partition = {cfg.data.partition!r} with {cfg.num_devices} devices: {exc}") from None
-    import numpy as np
-    import torch
+    import sys
 
-    from hfl.common.models import build
+    import numpy as np
 
     try:
-        model = build(cfg.model.name, data.input_shape, data.num_classes)
-        with torch.no_grad():
-            out = model(torch.from_numpy(np.asarray(data.x_train[:2], dtype=np.float32)))
+        shape, parameters = call(model_outputs, cfg.model.name, tuple(data.input_shape), data.num_classes,
+                                 np.asarray(data.x_train[:2], dtype=np.float32), list(cfg.run.plugins), list(sys.path))
+    except CallFailed:
+        raise
     except Exception as exc:  # any shape mismatch or a plugin model's own error
         raise ConfigError(f"model.name = {cfg.model.name!r} does not run on {cfg.data.dataset} (input shape "
                           f"{tuple(data.input_shape)}, {data.num_classes} classes): {exc.__class__.__name__}: {exc}") from None
-    if tuple(out.shape) != (2, data.num_classes):
-        raise ConfigError(f"model.name = {cfg.model.name!r} gives outputs of shape {tuple(out.shape[1:])} per sample; "
+    if shape != (2, data.num_classes):
+        raise ConfigError(f"model.name = {cfg.model.name!r} gives outputs of shape {shape[1:]} per sample; "
                           f"{cfg.data.dataset} has {data.num_classes} classes")
     _checked[key] = {"num_classes": data.num_classes, "train_samples": len(data.x_train),
-                     "input_shape": tuple(data.input_shape), "parameters": sum(p.numel() for p in model.parameters())}
+                     "input_shape": tuple(data.input_shape), "parameters": parameters}
     check_model_deadline(cfg, _checked[key])
     check_air_messages(cfg, _checked[key]["parameters"])
     return _checked[key]
+
+
+def model_outputs(name: str, input_shape: tuple[int, ...], num_classes: int, x, plugins: Sequence[str] = (),
+                  path: Sequence[str] = ()) -> tuple[tuple[int, ...], int]:
+    """The output shape of model `name` on the batch `x` and its parameter count. In a forked process, `path`
+    (the launcher's sys.path) and `plugins` (run.plugins) make the launcher's plugin models known."""
+    import sys
+
+    import torch
+
+    from hfl.common.models import build
+    from hfl.common.plugins import load_plugins
+
+    sys.path.extend(p for p in path if p not in sys.path)
+    load_plugins(plugins)
+    model = build(name, input_shape, num_classes)
+    with torch.no_grad():
+        out = model(torch.from_numpy(x))
+    return tuple(out.shape), sum(p.numel() for p in model.parameters())
 
 
 def check_model_deadline(cfg: Config, learned: dict) -> None:

@@ -37,7 +37,7 @@ from hfl.common import config as config_mod
 from hfl.common import metrics
 from hfl.common import topology
 from hfl.common.topology import edge_id
-from hfl.node_spawn import node_env, spawner, warm
+from hfl.node_spawn import caller, node_env, prepare, spawner
 
 PR_SET_PDEATHSIG = 1
 
@@ -148,6 +148,7 @@ class Testbed:
     nodes: dict[str, Node] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
+        prepare(self.spawn)  # the forkserver imports the nodes' modules while the config loads and preflight runs
         if self.resume:
             if self.run_dir is None:
                 raise config_mod.ConfigError("resume needs the run directory")
@@ -233,9 +234,9 @@ class Testbed:
 
         if self.resume and (self.run_dir / "summary.json").is_file():
             raise RunFinished(self._finished_message())
-        if spawner(self.spawn) is not spawner("exec"):
-            warm()  # the forkserver imports the nodes' modules while preflight runs
-        self.data_info = preflight(self.cfg)  # data, partition and model: a ConfigError before any process starts
+        # data, partition and model: a ConfigError before any process starts (the model's check in a fork of the
+        # forkserver, where torch is imported already)
+        self.data_info = preflight(self.cfg, caller(self.spawn))
         self.run_dir.mkdir(parents=True, exist_ok=True)
         check_run_dir(self.run_dir, self.resume, self.force)
         self._rows_at_start = len(self.metrics())

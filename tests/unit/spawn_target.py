@@ -45,5 +45,20 @@ def main(argv: list[str]) -> int:
     raise SystemExit(f"unknown action {action}")
 
 
+class Unpicklable(Exception):
+    def __reduce__(self):
+        raise TypeError("not picklable")
+
+
+def fail_unpicklably() -> None:
+    """For node_spawn.call_forked: an exception that cannot come back through the pipe as itself."""
+    raise Unpicklable("a reason")
+
+
+def torch_loaded() -> bool:
+    """For node_spawn.call_forked: whether the process it runs in imported torch."""
+    return "torch" in sys.modules
+
+
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

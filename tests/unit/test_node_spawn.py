@@ -215,3 +215,21 @@ def test_unknown_spawner_is_refused(monkeypatch):
     with pytest.raises(ValueError, match="exec, fork"):
         node_spawn.spawner()
     assert node_spawn.spawner("exec") is node_spawn.spawn_exec
+
+
+@pytest.mark.parametrize("kind", SPAWNERS)
+def test_a_call_through_the_spawner_returns_its_result_and_raises_its_error(kind):
+    """preflight's model check runs through caller(kind): in a fork of the forkserver (torch preloaded), or here."""
+    from tests.unit import spawn_target
+
+    call = node_spawn.caller(kind)
+    assert call(divmod, 17, 5) == (3, 2)
+    assert (call(os.getpid) != os.getpid()) == (kind == "fork")
+    with pytest.raises(ValueError, match="invalid literal"):
+        call(int, "x")
+    if kind == "fork":
+        assert call(spawn_target.torch_loaded)  # the forkserver's preload
+        with pytest.raises(RuntimeError, match="Unpicklable: a reason"):
+            call(spawn_target.fail_unpicklably)
+        with pytest.raises(node_spawn.CallFailed, match="exit 3"):
+            call(os._exit, 3)

@@ -1,7 +1,9 @@
 """Start-up cost (issue 25): what a node's process imports before it listens. Every edge of a run is its own
 process, so a heavy library on the edge's import path is paid once per edge at every launch."""
+import json
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -44,6 +46,13 @@ def test_theory_expit_equals_scipy_expit():
     assert theory.expit(np.inf) == 1.0 and theory.expit(0.0) == 0.5
 
 
+def _printed(code: str) -> str:
+    """The last line `code` prints in a fresh interpreter."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.splitlines()[-1]
+
+
 def test_a_run_without_privacy_loads_no_accountant_before_round_0():
     """The cloud wraps its round mode after the edges joined, before round 0: the privacy policy (dp_accounting,
     scipy: ~2 s of CPU) only for a private algorithm."""
@@ -52,7 +61,40 @@ def test_a_run_without_privacy_loads_no_accountant_before_round_0():
             "cfg = config.load(None, []); assert not plans.is_private(cfg); mode = object(); "
             "assert wrap(mode, cfg, '.', [], {}, None, [10], []) is mode; "
             "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    loaded = set(out.stdout.split())
+    loaded = set(_printed(code).split())
     assert "hfl" in loaded and not {"dp_accounting", "scipy"} & loaded
+
+
+SMALL_SYNTHETIC = ["data.dataset=synthetic", "data.synthetic_samples=500"]
+
+
+def test_the_launcher_checks_the_model_without_importing_torch():
+    """`hfl run` validates the config (model names) and runs preflight's model check in a fork of the forkserver
+    (node_spawn.call_forked): the launcher never imports torch (~2.5 s of CPU); the check learns what it did in
+    process and still refuses a model that does not fit the data."""
+    code = textwrap.dedent(f"""
+        import json, sys
+        from hfl import families
+        from hfl.common import config
+        from hfl.common.config import ConfigError
+        from hfl.node_spawn import call_forked
+        from hfl.preflight import preflight
+
+        info = preflight(config.load(None, {SMALL_SYNTHETIC!r}), call_forked)
+        try:
+            preflight(config.load(None, {SMALL_SYNTHETIC!r} + ["data.synthetic_shape=[1, 2, 2]"]), call_forked)
+            refused = None
+        except ConfigError as exc:
+            refused = str(exc)
+        print(json.dumps({{"info": info, "refused": refused, "torch": "torch" in sys.modules}}))
+        """)
+    got = json.loads(_printed(code))
+    assert got["torch"] is False
+    assert "model.name = 'mnist-cnn' does not run on synthetic" in got["refused"]
+
+    from hfl.common import config
+    from hfl.preflight import preflight
+
+    here = preflight(config.load(None, SMALL_SYNTHETIC))
+    assert got["info"] == {**here, "input_shape": list(here["input_shape"])}
+    assert here["parameters"] == 28938  # mnist-cnn on 1x28x28, 10 classes

@@ -60,12 +60,27 @@ def die_with_parent() -> None:
         pass
     if str(os.getppid()) != parent:  # the launcher died before the signal was armed
         os._exit(143)
+    watch_parent(int(parent))
     try:
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft < hard:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     except (ValueError, OSError):
         pass
+
+
+def watch_parent(parent: int, every: float = 1.0) -> None:
+    """A fallback for PR_SET_PDEATHSIG, which a node under load was once seen to miss (it outlived `kill -9` of the
+    launcher with ppid 1 and its SIGTERM handler installed): a daemon thread that sends this process SIGTERM once
+    its parent is no longer `parent`."""
+    import threading
+
+    def loop() -> None:
+        while os.getppid() == parent:
+            time.sleep(every)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=loop, name="parent-watch", daemon=True).start()
 
 
 class TestbedError(RuntimeError):

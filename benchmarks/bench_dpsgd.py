@@ -50,6 +50,11 @@ the level block sums, the materialised 10 x 200 second layer, the Gram products)
 ten strided passes of the inverse; the 159k normal draws cost as much as in dp-sgd). What would close it: one
 fused pass per level array (a compiled kernel that sums every level's squares in one sweep), drawing the finest
 levels' noise in block order so that four inverse levels are one product.
+linear-nobias (M = 7,840, the model paper 000's digest states) added to the shipped models measured, 2026-11-27
+17:40 UTC, load average 3-5 (a sweep at nice 5 beside it), `PYTHONPATH=. python benchmarks/bench_dpsgd.py --models
+linear linear-nobias --wavelet --no-vmap --repeats 7`: dp-sgd x1.64 / x1.66, dp-sgd-wav x2.85 / x3.35 (linear /
+linear-nobias): without the bias the 7,840 weights are one factored layer and the padded m = 8,192 leaves the
+coarse levels to the dense tail path, so <= 3x is missed there too (by ~12%).
 Run from a worktree, PYTHONPATH=. is needed: `python benchmarks/...` puts benchmarks/ first on sys.path and imports
 the installed hfl.
 """
@@ -68,7 +73,7 @@ from hfl.common.privacy.per_example import (_bookkeeping_layers, bookkeeping_cli
                                             per_example_gradients)
 from hfl.device_client.training import local_sgd, make_shard
 
-SHAPES = {"linear": (1, 28, 28), "mlp": (1, 28, 28), "mnist-cnn": (1, 28, 28), "cifar-cnn": (3, 32, 32),
+SHAPES = {"linear": (1, 28, 28), "linear-nobias": (1, 28, 28), "mlp": (1, 28, 28), "mnist-cnn": (1, 28, 28), "cifar-cnn": (3, 32, 32),
           "ota-cnn": (1, 28, 28)}
 
 

@@ -306,6 +306,15 @@ def test_alpha_directions_at_the_spec_inputs():
     assert a1[-1] == (40, 1, 1) and a3[0] == (40, 1, 1)   # s does move, at the tau cap
 
 
+def test_phi_is_a_sweep_of_alpha3_inverted():
+    """phi enters the objective only as alpha_3 / phi (digest 000 Sec. 5, step 2), so the paper's phi sweep is the
+    alpha_3 sweep read backwards: phi x10 plans what alpha_3 / 10 plans, at the spec's inputs and over the grid."""
+    assert spec_plan(phi=0.1) == spec_plan(alpha3=0.1) == (40, 4, 5)
+    assert spec_plan(phi=0.001) == spec_plan(alpha3=10.0) == (8, 5, 5)
+    for a in ALPHAS[::4]:
+        assert spec_plan(phi=0.01 / a) == spec_plan(alpha3=a)
+
+
 # ------------------------------------------------------------------------------ sequential delay (digest 000 Sec. 5)
 
 def test_delay_readings_by_hand():

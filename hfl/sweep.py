@@ -62,6 +62,7 @@ REPORT_KEYS = ("fields", "curves", "x", "group_by", "target", "audit")
 DEFAULT_REPORT = {"fields": ["final_accuracy"], "curves": ["accuracy"], "x": ["round", "emulated_seconds"], "group_by": None,
                   "target": None, "audit": None}
 TARGET_COLUMNS = ("round", "virtual_seconds", "emulated_seconds", "energy_joules_total", "wall_seconds")
+TARGET_BOUNDS = ("round", "emulated_seconds", "energy_joules_total")  # target.at_least.*: lower bounds, censored runs too
 VARIANT = "variant"  # the varied key that names a [variants.NAME] table
 TIMING = {"total_seconds": "whole run s (start-up incl.)", "startup_seconds": "start-up s"}  # always tabulated
 
@@ -225,7 +226,8 @@ def parse_spec(text: str, path: pathlib.Path) -> Spec:
         if not isinstance(target, dict) or len(target) != 1 or not all(
                 isinstance(v, (int, float)) and not isinstance(v, bool) for v in target.values()):
             raise SweepError(f"report.target must be one metric and its value, e.g. {{ accuracy = 0.75 }}, got {target!r}")
-        report["fields"] = list(report["fields"]) + [f"target.{c}" for c in ("reached",) + TARGET_COLUMNS]
+        report["fields"] = list(report["fields"]) + [f"target.{c}" for c in ("reached",) + TARGET_COLUMNS] + [
+            f"target.at_least.{c}" for c in TARGET_BOUNDS]
     audit = report["audit"]
     if audit is not None and not (isinstance(audit, dict) and set(audit) <= {"trials"} and isinstance(
             audit.get("trials", 2000), int) and audit.get("trials", 2000) >= 4):
@@ -325,10 +327,15 @@ def _numbers(obj: Any, prefix: str = "") -> dict[str, float]:
 def to_target(rows: list[dict], target: dict) -> dict[str, float | None]:
     """The first row whose `metric` reaches `value` (>=), and the cumulative emulated seconds, energy and wall
     seconds by then; `reached` 1 or 0 (its mean over seeds is the share that got there); None for a run that
-    never reaches it (left out of the mean, never counted as 0)."""
+    never reaches it (left out of the mean, never counted as 0). `at_least` holds the same columns as lower
+    bounds that every finished run has: the value at the target, or at the run's last row when it never got there
+    (a censored run took at least that long). A claim that a reaching cell needs less than a censored one, tested
+    on `target.at_least.*`, is conservative."""
     (metric, value), = target.items()
     hit = next((r for r in rows if r.get(metric) is not None and r[metric] >= value), None)
-    return {"reached": float(hit is not None), **{c: (hit.get(c) if hit else None) for c in TARGET_COLUMNS}}
+    bound = hit or (rows[-1] if rows else {})
+    return {"reached": float(hit is not None), **{c: (hit.get(c) if hit else None) for c in TARGET_COLUMNS},
+            "at_least": {c: bound.get(c) for c in TARGET_BOUNDS}}
 
 
 def epsilon_fields(summary: dict) -> dict[str, float]:

@@ -286,6 +286,19 @@ def test_every_committed_report_has_the_verdicts_of_its_spec_under_the_current_r
     assert not stale, f"re-evaluate with hfl sweep SPEC --report-only --out DIR: {stale}"
 
 
+def test_every_committed_report_ran_every_cell_and_seed_of_its_spec():
+    """A spec that gains seeds or cells (an ablation of a 'not shown': more seeds) is re-run before its report counts:
+    resume the sweep on the committed runs (copy `runs/` to the sweep's --out), then commit the new report."""
+    behind = []
+    for path in sorted((ROOT / "reproductions").glob("*/*/results.json")):
+        stored = json.loads(path.read_text())
+        spec = sweep.load_spec(ROOT / stored["spec"])
+        ran = {c["cell"]: sorted(c["seeds"]) for c in stored["cells"]}
+        if ran != {cell: sorted(spec.seeds) for cell in spec.cells}:
+            behind.append(path.parent.relative_to(ROOT).as_posix())
+    assert not behind, f"reports behind their specs' cells or seeds: {behind}"
+
+
 def test_reproductions_index_is_current():
     page = (ROOT / "REPRODUCTIONS.md").read_text()
     fresh = subprocess.run([sys.executable, "-m", "hfl.claims", "index"], capture_output=True, text=True, check=True,

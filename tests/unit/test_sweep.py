@@ -209,12 +209,17 @@ def test_to_target_finds_the_first_round_reaching_the_value():
             {"round": 3, "accuracy": 0.9, "emulated_seconds": 4.0, "energy_joules_total": 8.0, "wall_seconds": 6.0}]
     assert sweep.to_target(rows, {"accuracy": 0.75}) == {"reached": 1.0, "round": 2, "virtual_seconds": None,
                                                          "emulated_seconds": 3.0, "energy_joules_total": 6.0,
-                                                         "wall_seconds": 5.0}
+                                                         "wall_seconds": 5.0, "at_least": {
+                                                             "round": 2, "emulated_seconds": 3.0,
+                                                             "energy_joules_total": 6.0}}
     for t, row in enumerate(rows):  # paper 001's runtime axis, where the algorithm has a latency model
         row["virtual_seconds"] = 1.5 * (t + 1)
     assert sweep.to_target(rows, {"accuracy": 0.75})["virtual_seconds"] == 4.5
     missed = sweep.to_target(rows, {"accuracy": 0.95})
     assert missed["reached"] == 0.0 and missed["round"] is None and missed["energy_joules_total"] is None
+    # a run that never got there took at least what it spent: the last row's values, a lower bound
+    assert missed["at_least"] == {"round": 3, "emulated_seconds": 4.0, "energy_joules_total": 8.0}
+    assert sweep.to_target([], {"accuracy": 0.95})["at_least"] == dict.fromkeys(sweep.TARGET_BOUNDS)
     with pytest.raises(sweep.SweepError, match="report.target"):
         sweep.parse_spec('seeds = [0]\n[report]\ntarget = { accuracy = "high" }\n', pathlib.Path("/tmp/x.toml"))
 

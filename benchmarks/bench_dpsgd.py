@@ -73,8 +73,8 @@ from hfl.common.privacy.per_example import (_bookkeeping_layers, bookkeeping_cli
                                             per_example_gradients)
 from hfl.device_client.training import local_sgd, make_shard
 
-SHAPES = {"linear": (1, 28, 28), "linear-nobias": (1, 28, 28), "mlp": (1, 28, 28), "mnist-cnn": (1, 28, 28), "cifar-cnn": (3, 32, 32),
-          "ota-cnn": (1, 28, 28)}
+SHAPES = {"linear": (1, 28, 28), "linear-nobias": (1, 28, 28), "mlp": (1, 28, 28), "mnist-cnn": (1, 28, 28),
+          "cifar-cnn": (3, 32, 32), "ota-cnn": (1, 28, 28)}
 
 
 def _setup(name: str, n: int):

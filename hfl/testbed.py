@@ -28,6 +28,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
@@ -73,8 +74,6 @@ def watch_parent(parent: int, every: float = 1.0) -> None:
     """A fallback for PR_SET_PDEATHSIG, which a node under load was once seen to miss (it outlived `kill -9` of the
     launcher with ppid 1 and its SIGTERM handler installed): a daemon thread that sends this process SIGTERM once
     its parent is no longer `parent`."""
-    import threading
-
     def loop() -> None:
         while os.getppid() == parent:
             time.sleep(every)

@@ -271,15 +271,20 @@ def test_the_checks_list_holds_the_29_digest_checks_and_every_spec_claim_names_o
             assert c.id in ids, f"{path.name}: claim {c.id} names no check in {claims.CHECKS}"
 
 
+def committed_reports():
+    """(results.json path, its stored report, its spec) of every committed report under reproductions/."""
+    for path in sorted((ROOT / "reproductions").glob("*/*/results.json")):
+        stored = json.loads(path.read_text())
+        yield path, stored, sweep.load_spec(ROOT / stored["spec"])
+
+
 def test_every_committed_report_has_the_verdicts_of_its_spec_under_the_current_rules():
     """A change of the claim rules or of a spec's claims re-evaluates the committed reports
     (`hfl sweep SPEC --report-only --out reproductions/PAPER/SPEC`): a report never shows a verdict the rules no longer give."""
     stale = []
-    for path in sorted((ROOT / "reproductions").glob("*/*/results.json")):
-        stored = json.loads(path.read_text())
+    for path, stored, spec in committed_reports():
         if not stored.get("claims"):
             continue
-        spec = sweep.load_spec(ROOT / stored["spec"])
         fresh = {r["id"] + r["label"]: r["verdict"] for r in claims.evaluate_all(spec.claims, stored["cells"])}
         if fresh != {r["id"] + r["label"]: r["verdict"] for r in stored["claims"]}:
             stale.append(path.parent.relative_to(ROOT).as_posix())
@@ -290,9 +295,7 @@ def test_every_committed_report_ran_every_cell_and_seed_of_its_spec():
     """A spec that gains seeds or cells (an ablation of a 'not shown': more seeds) is re-run before its report counts:
     resume the sweep on the committed runs (copy `runs/` to the sweep's --out), then commit the new report."""
     behind = []
-    for path in sorted((ROOT / "reproductions").glob("*/*/results.json")):
-        stored = json.loads(path.read_text())
-        spec = sweep.load_spec(ROOT / stored["spec"])
+    for path, stored, spec in committed_reports():
         ran = {c["cell"]: sorted(c["seeds"]) for c in stored["cells"]}
         if ran != {cell: sorted(spec.seeds) for cell in spec.cells}:
             behind.append(path.parent.relative_to(ROOT).as_posix())

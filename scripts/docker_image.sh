@@ -9,6 +9,11 @@
 # Prints the build time and the image size on its last line.
 set -eu
 cd "$(dirname "$0")/.."
+# One build at a time per checkout: two pytest-xdist workers (the compose and the edge-site tests) each build the
+# image in their session fixture, and two wheelhouse copies and docker builds at once race on .wheelhouse.
+mkdir -p .cache
+exec 9>.cache/docker_image.lock
+flock 9
 
 TAG=${1:-hfl:latest}
 BASE=${BASE_IMAGE:-python:3.11-slim}

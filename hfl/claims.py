@@ -7,13 +7,13 @@ A sweep spec names the section-9 checks it tests in `[[claim]]` tables:
     label = "paper calibration"           # optional: tells claims of one id apart
     statement = "at round 200: no DP >= p = 1 > p = 0.5 > HFL-DP"   # the paper's statement
     figure = "Fig. 3: about +6 pts for p = 0.5 over HFL-DP, twice that for p = 1"   # optional: its figure, as text
-    kind = "order"                        # order | threshold | trend | gap | gap_trend | ratio
+    kind = "order"                        # order | threshold | trend | gap | gap_trend | ratio | share
     metric = "final_accuracy"             # one of [report] fields
     cells = ["nodp", "p1-paper", "p05-paper", "hfldp-paper"]
     relation = [">=", ">", ">"]           # between neighbours (one value: every step); > >= < <=
     paper = [0.78, 0.76, 0.70, 0.64]      # optional: the paper's value per cell (nan: not given)
     factor = 2.0                          # optional (default 2): magnitude off by more -> "holds in shape only"
-    test = "welch"                        # welch (default) | bootstrap
+    test = "welch"                        # welch (default) | bootstrap | paired (fisher: a share claim's, always)
     alpha = 0.05                          # default 0.05
     margin = 0.01                         # optional: a weak relation's tolerance on the metric's scale (see below)
 
@@ -29,12 +29,22 @@ Kinds and their keys:
   shrinks) along the list; optional `paper` per pair (its gaps).
 - ratio: `cells = [a, b]`, `paper` (the paper's mean(a) / mean(b), e.g. 0.75: a needs 25% less than b); the
   direction comes from `paper` (< 1: a < b); the magnitude compares log ratios.
+- share: `cells = [a, b]`, an event on each run, `op` and `value` (e.g. `op = "<"`, `value = 0.15`: the run ends
+  at chance), `relation` (> or <, default >): the share of a's runs with the event is larger (smaller) than b's. For
+  outcomes that are bimodal across seeds (a run collapses or it does not), which a test of means cannot show at a
+  few seeds; optional `paper` (the paper's share(a) - share(b)). Always tested by Fisher's exact test.
 
 The test, per comparison, over the seeds of each cell (n = finished runs):
 
 - welch: a one-sided Welch t-test of the contrast (mean a - mean b, or mean a - value), Welch-Satterthwaite degrees
   of freedom; for two cells it is scipy.stats.ttest_ind(equal_var=False, alternative=...), for one cell
   scipy.stats.ttest_1samp; for a difference of gaps (gap_trend) the same statistic over four cells.
+- paired: the seeds that finished in every cell of the comparison are paired (seed s of every cell shares its data,
+  initial model and channel draws) and the contrast is taken seed by seed: a one-sided one-sample t-test of the
+  per-seed contrasts (scipy.stats.ttest_1samp; for two cells scipy.stats.ttest_rel). Where seeds move every cell
+  together, this removes the seed-to-seed spread that the Welch test counts as noise.
+- fisher (share claims): a one-sided Fisher exact test of the 2 x 2 table (event, no event) x (a, b)
+  (scipy.stats.fisher_exact); the effect is share(a) - share(b).
 - bootstrap: every cell's seeds resampled with replacement (n_boot draws, default 10,000, fixed generator seed 0);
   the one-sided p-value is (1 + the resampled contrasts on the wrong side of zero) / (n_boot + 1), and the interval
   reported is the percentile interval [alpha, 1 - alpha] of the contrast minus the threshold (a - b for two cells),
@@ -73,11 +83,12 @@ KINDS = {
     "gap": ("cells", "relation", "paper"),
     "gap_trend": ("pairs", "direction", "paper"),
     "ratio": ("cells", "paper"),
+    "share": ("cells", "op", "value", "relation", "paper"),
 }
 COMMON = ("id", "label", "statement", "figure", "kind", "metric", "factor", "test", "alpha", "n_boot", "margin")
 WEAK_MARGIN = 0.02  # a weak relation's default margin, relative to the compared-to side's mean
 RELATIONS = (">", ">=", "<", "<=")
-TESTS = ("welch", "bootstrap")
+TESTS = ("welch", "bootstrap", "paired", "fisher")
 ID = re.compile(r"\d{3}/9\.\d+")
 
 
@@ -94,6 +105,7 @@ class Comparison:
     offset: float = 0.0
     paper: float | None = None     # the paper's contrast (a difference), or its ratio for a ratio claim
     ratio: bool = False            # effect = mean(a) / mean(b), magnitude on the log scale
+    event: tuple[str, float] | None = None   # a share claim's event on a run: metric OP value
 
 
 @dataclass
@@ -121,6 +133,10 @@ class Claim:
         return list(dict.fromkeys(c for comp in self.comparisons for c, _ in comp.terms))
 
     def test_text(self) -> str:
+        if self.test == "paired":
+            return f"one-sided paired t-test over the seeds common to the cells, alpha {self.alpha}"
+        if self.test == "fisher":
+            return f"one-sided Fisher exact test of the shares, alpha {self.alpha}"
         if self.test == "bootstrap":
             return (f"one-sided bootstrap of the difference ({self.n_boot} resamples, percentile interval), "
                     f"alpha {self.alpha}")
@@ -172,9 +188,12 @@ def parse_claim(raw: Any, cells: dict[str, dict[str, Any]], fields: list[str], w
     metric = raw["metric"]
     if metric not in fields:
         raise ClaimError(f"{where}: metric {metric!r} is not one of [report] fields ({', '.join(fields)})")
-    test = raw.get("test", "welch")
+    test = raw.get("test", "fisher" if kind == "share" else "welch")
     if test not in TESTS:
         raise ClaimError(f"{where}: test must be one of {', '.join(TESTS)}, got {test!r}")
+    if (test == "fisher") != (kind == "share"):
+        raise ClaimError(f"{where}: a share claim is tested by Fisher's exact test (test = \"fisher\"), and only a "
+                         f"share claim is; got test {test!r} for kind {kind!r}")
     alpha, factor, n_boot = raw.get("alpha", 0.05), raw.get("factor", 2.0), raw.get("n_boot", 10000)
     if not (_number(alpha) and 0 < alpha < 0.5):
         raise ClaimError(f"{where}: alpha must be in (0, 0.5), got {alpha!r}")
@@ -270,6 +289,23 @@ def parse_claim(raw: Any, cells: dict[str, dict[str, Any]], fields: list[str], w
             comparisons.append(Comparison(f"({a1} - {b1}) {rel} ({a2} - {b2})",
                                           ((a1, 1.0), (b1, -1.0), (a2, -1.0), (b2, 1.0)), rel,
                                           paper=_step_effect(paper, i)))
+    elif kind == "share":
+        a, b = cell_list("cells", 2)
+        op, value = raw.get("op"), raw.get("value")
+        if op not in RELATIONS:
+            raise ClaimError(f"{where}: op must be one of {' '.join(RELATIONS)} (the event: {raw['metric']} OP value), "
+                             f"got {op!r}")
+        if not _number(value):
+            raise ClaimError(f"{where}: value must be a number (the event: {raw['metric']} {op} value), got {value!r}")
+        rel = raw.get("relation", ">")
+        if rel not in (">", "<"):
+            raise ClaimError(f"{where}: relation of a share claim must be > or <, got {rel!r}")
+        paper = raw.get("paper")
+        if paper is not None and not (_number(paper) and -1 <= paper <= 1):
+            raise ClaimError(f"{where}: paper must be the paper's share({a}) - share({b}), in [-1, 1], got {paper!r}")
+        event = f"{raw['metric']} {op} {value:g}"
+        comparisons = [Comparison(f"share({event}): {a} {rel} {b}", ((a, 1.0), (b, -1.0)), rel, paper=paper,
+                                  event=(op, float(value)))]
     else:  # ratio
         a, b = cell_list("cells", 2)
         paper = raw.get("paper")
@@ -362,12 +398,61 @@ def weak_margin(claim: Claim, comp: Comparison, means: dict[str, float]) -> floa
     return WEAK_MARGIN * abs(sum(c * means[cell] for cell, c in comp.terms if c < 0))
 
 
-def evaluate_comparison(claim: Claim, comp: Comparison, values: dict[str, list[float]], k: int) -> dict[str, Any]:
+def _holds(op: str, x: float, value: float) -> bool:
+    return {">": x > value, ">=": x >= value, "<": x < value, "<=": x <= value}[op]
+
+
+def fisher(events: list[tuple[int, int]]) -> dict[str, float]:
+    """One-sided Fisher exact test of share(a) - share(b) from [(k_a, n_a), (k_b, n_b)] (events, runs)."""
+    from scipy import stats
+
+    (ka, na), (kb, nb) = events
+    table = [[ka, na - ka], [kb, nb - kb]]
+    return {"estimate": ka / na - kb / nb,
+            "p_greater": float(stats.fisher_exact(table, alternative="greater").pvalue),
+            "p_less": float(stats.fisher_exact(table, alternative="less").pvalue)}
+
+
+def _paired(comp: Comparison, coefs: list[float], values: dict[str, list[float]],
+            seeds: dict[str, list[int]]) -> list[float]:
+    """The comparison's contrast seed by seed, over the seeds finished in every one of its cells."""
+    by_seed = [dict(zip(seeds[cell], values.get(cell, []))) for cell, _ in comp.terms]
+    common = sorted(set.intersection(*(set(b) for b in by_seed)))
+    return [sum(c * b[s] for c, b in zip(coefs, by_seed)) for s in common]
+
+
+def _evaluate_share(claim: Claim, comp: Comparison, groups: list[list[float]], out: dict[str, Any],
+                    k: int) -> dict[str, Any]:
+    op, value = comp.event
+    events = [(sum(_holds(op, x, value) for x in g), len(g)) for g in groups]
+    res = fisher(events)
+    out["effect"], out["events"] = res["estimate"], [list(e) for e in events]
+    p, p_other = (res["p_greater"], res["p_less"]) if comp.relation == ">" else (res["p_less"], res["p_greater"])
+    out["p"], out["p_other_way"] = p, p_other
+    shares = f"{events[0][0]}/{events[0][1]} against {events[1][0]}/{events[1][1]}"
+    if p_other < claim.alpha / k:
+        return {**out, "verdict": CONTRADICTED,
+                "why": f"{shares}: significant the other way (p = {p_other:.3g} < {claim.alpha / k:.3g})"}
+    if p >= claim.alpha:
+        return {**out, "verdict": NOT_SHOWN, "why": f"{shares}: not significant (p = {p:.3g} >= {claim.alpha})"}
+    ratio = res["estimate"] / comp.paper if comp.paper else None
+    if ratio is not None and not (1 / claim.factor <= ratio <= claim.factor):
+        return {**out, "verdict": SHAPE, "magnitude_vs_paper": ratio,
+                "why": f"{shares}: significant (p = {p:.3g}); the difference {ratio:.2g}x the paper's"}
+    return {**out, "verdict": HOLDS, "magnitude_vs_paper": ratio, "why": f"{shares}: p = {p:.3g} < {claim.alpha}"}
+
+
+def evaluate_comparison(claim: Claim, comp: Comparison, values: dict[str, list[float]], k: int,
+                        seeds: dict[str, list[int]] | None = None) -> dict[str, Any]:
+    """One comparison's test and verdict. `seeds` names the seed of each value per cell (paired test); without it
+    the i-th values of the cells share a seed."""
     groups = [values.get(cell, []) for cell, _ in comp.terms]
     out: dict[str, Any] = {"comparison": comp.label, "relation": comp.relation, "paper": comp.paper}
     n = min(len(g) for g in groups)
     if n == 0:
         return {**out, "verdict": NOT_RUN, "why": "a cell has no finished run"}
+    if comp.event is not None:
+        return _evaluate_share(claim, comp, groups, out, k)
     means = {cell: sum(g) / len(g) for (cell, _), g in zip(comp.terms, groups)}
     out["effect"], ratio_to_paper = _magnitude(comp, means)
     if n == 1:
@@ -379,7 +464,15 @@ def evaluate_comparison(claim: Claim, comp: Comparison, values: dict[str, list[f
     if weak:
         out["margin"] = margin
     offset = sign * comp.offset - margin  # weak: sign * (contrast - offset) + margin > 0
-    if claim.test == "bootstrap":
+    if claim.test == "paired":
+        seeds = seeds or {cell: list(range(len(values.get(cell, [])))) for cell, _ in comp.terms}
+        contrasts = _paired(comp, coefs, values, seeds)
+        out["pairs"] = len(contrasts)
+        if len(contrasts) < 2:
+            return {**out, "verdict": ONE_SEED, "why": f"{len(contrasts)} seed(s) finished in every cell: nothing to pair"}
+        res = welch([contrasts], [1.0], offset)
+        out["t"], out["df"] = sign * res["t"], res["df"]
+    elif claim.test == "bootstrap":
         res = bootstrap(groups, coefs, offset, claim.n_boot, claim.alpha)
         out["interval"] = [sign * x for x in (res["interval"] if sign > 0 else res["interval"][::-1])]
     else:
@@ -405,15 +498,31 @@ def evaluate_comparison(claim: Claim, comp: Comparison, values: dict[str, list[f
     return {**out, "verdict": HOLDS, "magnitude_vs_paper": ratio_to_paper, "why": f"p = {p:.3g} < {claim.alpha}"}
 
 
-def evaluate(claim: Claim, values: dict[str, list[float]]) -> dict[str, Any]:
-    """The claim's result: the statement, the measured values per cell (mean, std, n), each comparison's test
-    and verdict, and the claim's verdict (its worst comparison's)."""
+def evaluate(claim: Claim, values: dict[str, list[float]], seeds: dict[str, list[int]] | None = None) -> dict[str, Any]:
+    """The claim's result: the statement, the measured values per cell (mean, std, n; a share claim's events too),
+    each comparison's test and verdict, and the claim's verdict (its worst comparison's)."""
     k = len(claim.comparisons)
-    comps = [evaluate_comparison(claim, c, values, k) for c in claim.comparisons]
+    comps = [evaluate_comparison(claim, c, values, k, seeds) for c in claim.comparisons]
     worst = min(comps, key=lambda c: RANK[c["verdict"]])
-    return {"id": claim.id, "label": claim.label, "statement": claim.statement, "figure": claim.figure,
+    per_cell = {cell: _stats(values.get(cell, [])) for cell in claim.cells}
+    event = next((c.event for c in claim.comparisons if c.event is not None), None)
+    if event is not None:
+        op, value = event
+        for cell in claim.cells:
+            per_cell[cell]["event"] = f"{claim.metric} {op} {value:g}"
+            per_cell[cell]["events"] = sum(_holds(op, x, value) for x in values.get(cell, []))
+    paired = {}
+    if claim.test in ("welch", "bootstrap"):
+        # the same claim under the paired test: seeds share data, initial model and channel draws across cells,
+        # so a per-seed contrast can be consistent where the spread across seeds hides it, or the reverse. Shown
+        # beside the verdict as a sensitivity check; the verdict is the spec's test.
+        other = Claim(**{**claim.__dict__, "test": "paired"})
+        pcomps = [evaluate_comparison(other, c, values, k, seeds) for c in other.comparisons]
+        paired = {"paired": {"verdict": min(pcomps, key=lambda c: RANK[c["verdict"]])["verdict"],
+                             "p": [c.get("p") for c in pcomps], "pairs": [c.get("pairs") for c in pcomps]}}
+    return {**({"event": {"op": event[0], "value": event[1]}} if event else {}), **paired,"id": claim.id, "label": claim.label, "statement": claim.statement, "figure": claim.figure,
             "kind": claim.kind, "metric": claim.metric, "test": claim.test_text(), "factor": claim.factor,
-            "cells": claim.cells, "values": {cell: _stats(values.get(cell, [])) for cell in claim.cells},
+            "cells": claim.cells, "values": per_cell,
             "paper_values": paper_values(claim), "comparisons": comps, "verdict": worst["verdict"],
             "why": "" if worst["verdict"] == HOLDS else f"{worst['comparison']}: {worst['why']}"}
 
@@ -424,8 +533,14 @@ def cell_values(cells: list[dict], metric: str) -> dict[str, list[float]]:
             for c in cells}
 
 
+def cell_seeds(cells: list[dict], metric: str) -> dict[str, list[int]]:
+    """Per cell, the seed of each value cell_values returns, in the same order."""
+    return {c["cell"]: [r.get("seed", i) for i, r in enumerate(c["runs"]) if _number(r.get(metric)) and math.isfinite(r[metric])]
+            for c in cells}
+
+
 def evaluate_all(claims: list[Claim], cells: list[dict]) -> list[dict[str, Any]]:
-    return [evaluate(claim, cell_values(cells, claim.metric)) for claim in claims]
+    return [evaluate(claim, cell_values(cells, claim.metric), cell_seeds(cells, claim.metric)) for claim in claims]
 
 
 # ---- writing -------------------------------------------------------------------------------------
@@ -436,6 +551,8 @@ def _num(x: float | None) -> str:
 def _value(stat: dict) -> str:
     if not stat["n"]:
         return "not run"
+    if "events" in stat:
+        return f"{stat['events']}/{stat['n']} with {stat['event']} (mean {stat['mean']:.4g})"
     return f"{stat['mean']:.4g} (n = 1)" if stat["n"] == 1 else f"{stat['mean']:.4g} ± {stat['std']:.2g} (n = {stat['n']})"
 
 
@@ -456,6 +573,10 @@ def markdown(results: list[dict[str, Any]]) -> str:
         lines.append(f"- Test: {r['test']}; shape only beyond a factor {r['factor']:g} of the paper's magnitude")
         if r["why"]:
             lines.append(f"- Why: {r['why']}")
+        if r.get("paired"):
+            ps = ", ".join(_num(p) for p in r["paired"]["p"])
+            lines.append(f"- Paired over seeds (a sensitivity check, not the verdict): {r['paired']['verdict']} "
+                         f"(one-sided paired t-test per comparison, p = {ps})")
         lines += ["", "| comparison | effect | paper | p | p other way | verdict |", "|---|---|---|---|---|---|"]
         for c in r["comparisons"]:
             lines.append(f"| {c['comparison']} | {_num(c.get('effect'))} | {_num(c['paper'])} | {_num(c.get('p'))} | "
@@ -492,6 +613,10 @@ def plot(results: list[dict[str, Any]], cells: list[dict], out: pathlib.Path) ->
             s = r["values"][cell]
             if s["n"]:
                 ax.errorbar([i + 0.12], [s["mean"]], yerr=[s["std"]], fmt="o", color="black", capsize=3)
+        if r.get("event"):
+            ax.axhline(r["event"]["value"], ls="--", color="tab:red", lw=1,
+                       label=f"event: {r['metric']} {r['event']['op']} {r['event']['value']:g}")
+            ax.legend(fontsize=7)
         paper = r.get("paper_values")
         if paper:
             ax.scatter([names.index(c) for c in paper], list(paper.values()), marker="x", color="tab:red", s=40,
@@ -522,6 +647,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 CHECKS = "reproductions/checks.toml"
 
 
+def _paired_note(result: dict) -> str:
+    paired = result.get("paired")
+    return f" [paired: {paired['verdict']}]" if paired and paired["verdict"] != result["verdict"] else ""
+
+
 def index(root: pathlib.Path = ROOT) -> str:
     """REPRODUCTIONS.md: one row per section-9 check of the digests (reproductions/checks.toml), with the specs
     whose claims test it, the verdicts of the committed reports under reproductions/, the paper's figure and ours."""
@@ -545,7 +675,9 @@ def index(root: pathlib.Path = ROOT) -> str:
              "of `deploy/experiments/*.toml` and the committed reports `reproductions/PAPER/SPEC/results.json`; "
              "`tests/unit/test_claims.py` fails when this page is stale. Verdicts: holds, holds in shape only, "
              "not shown, contradicted (see `hfl/claims.py` for the tests); a check without a committed report says "
-             "not run. A report's verdict holds for that report's scale and cells, stated in its `PROVENANCE.md`.", "",
+             "not run. A report's verdict holds for that report's scale and cells, stated in its `PROVENANCE.md`. "
+             "[paired: ...] marks a verdict that a paired t-test over the seeds would give instead (a sensitivity "
+             "check: seed s of every cell shares data, initial model and channel draws).", "",
              "| check | what the paper states | spec | verdict | paper's figure | ours | report |",
              "|---|---|---|---|---|---|---|"]
     for check in checks:
@@ -556,7 +688,7 @@ def index(root: pathlib.Path = ROOT) -> str:
             else "no spec yet")
         if found:
             verdict = "<br>".join(f"{d.rsplit('/', 1)[-1]}: **{r['verdict']}**" + (f" ({r['label']})" if r["label"] else "")
-                                  for d, r in found)
+                                  + _paired_note(r) for d, r in found)
             ours = "<br>".join("; ".join(f"{cell} {_value(r['values'][cell])}" for cell in r.get("cells", r["values"]))
                                for _, r in found)
             links = "<br>".join(f"[{d}]({d}/results.md)" for d in dict.fromkeys(d for d, _ in found))

@@ -9,6 +9,8 @@ an engine (not root, no apt-get, dockerd refuses to start containers).
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import pathlib
@@ -50,18 +52,47 @@ def record(key: str, value) -> None:
     print(f"[e2e] {key}: {value}")
 
 
+ENGINE_STATE = pathlib.Path(os.environ.get("HFL_ENGINE_STATE", "/run/hfl-dockerd"))
+
+
+@contextlib.contextmanager
+def engine_users():
+    """The live pytest processes using the engine (one file each), under a lock: pytest-xdist workers that do not
+    share a group (`-n 2` without `--dist loadgroup`) each hold the session fixture, and the engine a test session
+    started must outlive every one of them, not just the worker that started it."""
+    users = ENGINE_STATE / "users"
+    users.mkdir(parents=True, exist_ok=True)
+    with open(ENGINE_STATE / "users.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for f in users.iterdir():  # a worker killed before its teardown
+            if not pathlib.Path(f"/proc/{f.name}").exists():
+                f.unlink(missing_ok=True)
+        yield users
+
+
 @pytest.fixture(scope="session")
 def docker_engine():
     started = time.monotonic()
-    result = subprocess.run([str(SCRIPTS / "docker_engine.sh"), "start"], capture_output=True, text=True, timeout=900)
-    if result.returncode == 3:
-        pytest.skip(result.stderr.strip().splitlines()[-1])
-    assert result.returncode == 0, f"docker engine: {result.stdout}\n{result.stderr}"
-    ours = "dockerd started" in result.stdout
+    with engine_users() as users:
+        result = subprocess.run([str(SCRIPTS / "docker_engine.sh"), "start"], capture_output=True, text=True,
+                                timeout=900)
+        if result.returncode == 3:
+            pytest.skip(result.stderr.strip().splitlines()[-1])
+        assert result.returncode == 0, f"docker engine: {result.stdout}\n{result.stderr}"
+        if "dockerd started" in result.stdout:
+            (ENGINE_STATE / "started-by-tests").touch()
+        elif not any(users.iterdir()):  # an engine that answered before any test session used it
+            (ENGINE_STATE / "started-by-tests").unlink(missing_ok=True)
+        (users / str(os.getpid())).touch()
     record("engine_ready_s", round(time.monotonic() - started, 1))
     yield
-    if ours:  # only an engine this session started; its images stay in /var/lib/docker as the cache
-        subprocess.run([str(SCRIPTS / "docker_engine.sh"), "stop"], timeout=120)
+    with engine_users() as users:
+        (users / str(os.getpid())).unlink(missing_ok=True)
+        ours = ENGINE_STATE / "started-by-tests"
+        if ours.exists() and not any(users.iterdir()):
+            # the last user of an engine the tests started; its images stay in /var/lib/docker as the cache
+            subprocess.run([str(SCRIPTS / "docker_engine.sh"), "stop"], timeout=120)
+            ours.unlink()
 
 
 @pytest.fixture(scope="session")

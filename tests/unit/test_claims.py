@@ -140,6 +140,80 @@ def test_gap_and_gap_trend():
     assert r["verdict"] == claims.CONTRADICTED  # the gap shrinks: significant the other way
 
 
+def test_paired_is_scipys_paired_t_test_and_shows_what_the_seed_spread_hides():
+    # every seed moves both cells together: a consistent +1 point under a 10-point seed-to-seed spread
+    a, b = [0.61, 0.72, 0.80, 0.66], [0.60, 0.705, 0.792, 0.648]
+    r = verdict({"a": a, "b": b}, cells=["a", "b"], test="paired")
+    comp, = r["comparisons"]
+    ref = stats.ttest_rel(a, b, alternative="greater")
+    assert comp["t"] == pytest.approx(ref.statistic) and comp["p"] == pytest.approx(ref.pvalue)
+    assert comp["pairs"] == 4 and comp["df"] == pytest.approx(3.0) and r["verdict"] == claims.HOLDS
+    assert "paired t-test" in r["test"]
+    welch = verdict({"a": a, "b": b}, cells=["a", "b"])
+    assert welch["verdict"] == claims.NOT_SHOWN  # Welch: within the spread
+    # a Welch verdict carries the paired test's beside it, in results.md and in the index
+    assert welch["paired"] == {"verdict": claims.HOLDS, "p": [pytest.approx(ref.pvalue)], "pairs": [4]}
+    assert "Paired over seeds (a sensitivity check, not the verdict): holds" in claims.markdown([welch])
+    assert claims._paired_note(welch) == " [paired: holds]" and claims._paired_note(r) == ""
+    # a trend's steps are paired too, and the other way is contradicted
+    assert verdict({"a": b, "b": a}, cells=["a", "b"], test="paired")["verdict"] == claims.CONTRADICTED
+
+
+def test_paired_pairs_by_seed_and_drops_a_seed_missing_from_a_cell():
+    c = claim(cells=["a", "b"], test="paired")
+    values = {"a": [0.80, 0.70, 0.90], "b": [0.69, 0.885, 0.60]}
+    seeds = {"a": [0, 1, 2], "b": [1, 2, 3]}  # b's seed 0 failed; seed 3 ran only in b
+    comp = claims.evaluate(c, values, seeds)["comparisons"][0]
+    ref = stats.ttest_rel([0.70, 0.90], [0.69, 0.885], alternative="greater")
+    assert comp["pairs"] == 2 and comp["p"] == pytest.approx(ref.pvalue)
+    r = claims.evaluate(c, values, {"a": [0, 1, 2], "b": [2, 3, 4]})
+    assert r["verdict"] == claims.ONE_SEED and "nothing to pair" in r["why"]
+
+
+def test_evaluate_all_pairs_the_runs_by_their_seed():
+    c = claim(cells=["a", "b"], test="paired")
+    cells = [{"cell": "a", "runs": [{"seed": 2, "final_accuracy": 0.9}, {"seed": 0, "final_accuracy": 0.7},
+                                    {"seed": 1, "final_accuracy": 0.8}]},
+             {"cell": "b", "runs": [{"seed": 0, "final_accuracy": 0.69}, {"seed": 1, "final_accuracy": 0.79},
+                                    {"seed": 2, "final_accuracy": float("nan")}]}]
+    comp = claims.evaluate_all([c], cells)[0]["comparisons"][0]
+    assert comp["pairs"] == 2 and comp["effect"] == pytest.approx(0.8 - 0.74)
+
+
+def share(values, **raw):
+    return verdict(values, kind="share", cells=["a", "b"], op="<", value=0.15, **raw)
+
+
+def test_share_is_fishers_exact_test_of_the_runs_with_the_event():
+    collapsed, fine = [0.1] * 6 + [0.7] * 8, [0.6] * 14  # 6 of 14 runs at chance against none
+    r = share({"a": collapsed, "b": fine})
+    comp, = r["comparisons"]
+    ref = stats.fisher_exact([[6, 8], [0, 14]], alternative="greater")
+    assert comp["p"] == pytest.approx(ref.pvalue) and comp["events"] == [[6, 14], [0, 14]]
+    assert r["verdict"] == claims.HOLDS and comp["effect"] == pytest.approx(6 / 14)
+    assert r["values"]["a"]["events"] == 6 and "Fisher" in r["test"]
+    assert "6/14 with final_accuracy < 0.15" in claims._value(r["values"]["a"])
+    # 2 of 6 against 0 of 6 is not significant; the mean test would not see it either
+    few = share({"a": [0.1, 0.1, 0.7, 0.7, 0.7, 0.7], "b": [0.6] * 6})
+    assert few["verdict"] == claims.NOT_SHOWN and "2/6 against 0/6" in few["why"]
+    assert share({"a": fine, "b": collapsed})["verdict"] == claims.CONTRADICTED
+    assert share({"a": fine, "b": collapsed}, relation="<")["verdict"] == claims.HOLDS
+    assert share({"a": collapsed, "b": []})["verdict"] == claims.NOT_RUN
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"test": "welch"}, "tested by Fisher's exact test"),
+    ({"relation": ">="}, "relation of a share claim must be > or <"),
+    ({"op": "=="}, "op must be one of"),
+    ({"paper": 2}, "paper must be the paper's share"),
+])
+def test_a_bad_share_claim_is_an_error(raw, message):
+    with pytest.raises(claims.ClaimError, match=message):
+        claim(**{"kind": "share", "cells": ["a", "b"], "op": "<", "value": 0.15, **raw})
+    with pytest.raises(claims.ClaimError, match="only a share claim"):
+        claim(cells=["a", "b"], test="fisher")
+
+
 GRID_SPEC = """
 seeds = [0, 1, 2]
 [grid]

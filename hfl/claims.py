@@ -69,6 +69,7 @@ import math
 import pathlib
 import re
 import sys
+import textwrap
 import tomllib
 from dataclasses import dataclass, field
 from typing import Any
@@ -624,7 +625,8 @@ def plot(results: list[dict[str, Any]], cells: list[dict], out: pathlib.Path) ->
             ax.legend(fontsize=7)
         ax.set_xticks(range(len(names)), names, rotation=20, ha="right", fontsize=7)
         ax.set(ylabel=f"{r['metric']} (seeds, mean ± std)")
-        ax.set_title(f"{r['id']}{' ' + r['label'] if r['label'] else ''}: {r['verdict']}", fontsize=9)
+        ax.set_title(textwrap.fill(f"{r['id']}{' ' + r['label'] if r['label'] else ''}: {r['verdict']}",
+                                   max(40, int(14 * fig.get_figwidth()))), fontsize=9)
         ax.grid(alpha=0.3)
         fig.tight_layout()
         path = out / f"{slug(r)}.png"

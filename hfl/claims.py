@@ -32,7 +32,8 @@ Kinds and their keys:
 - share: `cells = [a, b]`, an event on each run, `op` and `value` (e.g. `op = "<"`, `value = 0.15`: the run ends
   at chance), `relation` (> or <, default >): the share of a's runs with the event is larger (smaller) than b's. For
   outcomes that are bimodal across seeds (a run collapses or it does not), which a test of means cannot show at a
-  few seeds; optional `paper` (the paper's share(a) - share(b)). Always tested by Fisher's exact test.
+  few seeds; optional `paper` (the paper's share(a) - share(b)). Always tested by Fisher's exact test; a run whose
+  metric is not finite is left out (as in every kind), so state the event on a metric that stays finite.
 
 The test, per comparison, over the seeds of each cell (n = finished runs):
 

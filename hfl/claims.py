@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import pathlib
 import re
 import sys
@@ -400,8 +401,16 @@ def weak_margin(claim: Claim, comp: Comparison, means: dict[str, float]) -> floa
     return WEAK_MARGIN * abs(sum(c * means[cell] for cell, c in comp.terms if c < 0))
 
 
+OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
+
+
 def _holds(op: str, x: float, value: float) -> bool:
-    return {">": x > value, ">=": x >= value, "<": x < value, "<=": x <= value}[op]
+    return OPS[op](x, value)
+
+
+def _worst(comps: list[dict[str, Any]]) -> dict[str, Any]:
+    """The comparison whose verdict decides a claim's (contradicted first, holds last)."""
+    return min(comps, key=lambda c: RANK[c["verdict"]])
 
 
 def fisher(events: list[tuple[int, int]]) -> dict[str, float]:
@@ -505,7 +514,7 @@ def evaluate(claim: Claim, values: dict[str, list[float]], seeds: dict[str, list
     each comparison's test and verdict, and the claim's verdict (its worst comparison's)."""
     k = len(claim.comparisons)
     comps = [evaluate_comparison(claim, c, values, k, seeds) for c in claim.comparisons]
-    worst = min(comps, key=lambda c: RANK[c["verdict"]])
+    worst = _worst(comps)
     per_cell = {cell: _stats(values.get(cell, [])) for cell in claim.cells}
     event = next((c.event for c in claim.comparisons if c.event is not None), None)
     if event is not None:
@@ -520,9 +529,10 @@ def evaluate(claim: Claim, values: dict[str, list[float]], seeds: dict[str, list
         # beside the verdict as a sensitivity check; the verdict is the spec's test.
         other = Claim(**{**claim.__dict__, "test": "paired"})
         pcomps = [evaluate_comparison(other, c, values, k, seeds) for c in other.comparisons]
-        paired = {"paired": {"verdict": min(pcomps, key=lambda c: RANK[c["verdict"]])["verdict"],
+        paired = {"paired": {"verdict": _worst(pcomps)["verdict"],
                              "p": [c.get("p") for c in pcomps], "pairs": [c.get("pairs") for c in pcomps]}}
-    return {**({"event": {"op": event[0], "value": event[1]}} if event else {}), **paired,"id": claim.id, "label": claim.label, "statement": claim.statement, "figure": claim.figure,
+    return {**({"event": {"op": event[0], "value": event[1]}} if event else {}), **paired,
+            "id": claim.id, "label": claim.label, "statement": claim.statement, "figure": claim.figure,
             "kind": claim.kind, "metric": claim.metric, "test": claim.test_text(), "factor": claim.factor,
             "cells": claim.cells, "values": per_cell,
             "paper_values": paper_values(claim), "comparisons": comps, "verdict": worst["verdict"],

@@ -14,6 +14,12 @@ Measured 2026-11-25 (2 shared cores, load average 4-10), before (6f793b5) and af
     medium a round   2.45 s -> 1.83 s (0.35 -> 0.26 s a slot; medians)    share of a round 27.0% -> 21.7%
 (benchmarks/reports/medium-paper003.md: the profile, every run, what is left). Target < 10%: not met.
 
+Since 2026-11-28 (in-phase downlink rows, column blocks on `channel.medium_threads` threads) the medium's figure is
+its wall time with --medium-threads (default 2) threads, since every device waits at the slot's barrier while it
+runs; `medium_1_thread_*` is the same code on one thread. `PYTHONPATH=. python benchmarks/bench_medium.py --paper003
+--repeats 5`, three runs against fd79423 in turn, load 1-5: share of a round 29.1% -> 9.7% (medium 1.80 s CPU ->
+0.50 s wall a round); --downlink complex 17.1% (benchmarks/reports/medium-inphase.md).
+
 --testbed: a real run (multiairfed over the air, 6 edges x 10 devices, mnist-cnn: d = 28,938, the plane's
 interferer clusters, one host process per core): the medium's compute time per slot and its share of the
 round's wall time (the cloud's `medium_seconds` column against `round_seconds`), median over the rounds after
@@ -91,7 +97,7 @@ def testbed(rounds: int) -> dict:
             "medium_share_of_round_median": statistics.median(share), "medium_share_max": max(share)}
 
 
-def paper003(repeats: int) -> dict:
+def paper003(repeats: int, medium_threads: int, downlink: str) -> dict:
     import torch
 
     from hfl import families
@@ -104,7 +110,7 @@ def paper003(repeats: int) -> dict:
 
     torch.set_num_threads(1)
     assert families  # [channel] and the air algorithms register on its import
-    cfg = config.load("deploy/configs/scale-ota-fmnist.toml")
+    cfg = config.load("deploy/configs/scale-ota-fmnist.toml", [f"channel.downlink={downlink}"])
     pl = air.plane_for(cfg)
     phases = plans.build_plan(cfg)
     steps = air.air_steps(phases)
@@ -151,22 +157,38 @@ def paper003(repeats: int) -> dict:
         for _ in collab:
             local_sgd(model, w, shard, cfg.train.lr, cfg.train.batch_size, gen, steps=cfg.train.tau + cfg.train.gamma)
 
-    fns = {"medium": medium_round, "devices_air": devices_air, "training": training}
+    def medium_one_thread():
+        ota.medium_threads(1)
+        try:
+            medium_round()
+        finally:
+            ota.medium_threads(threads)
+
+    threads = ota.medium_threads(medium_threads)
+    fns = {"medium": medium_round, "medium_1_thread": medium_one_thread, "devices_air": devices_air,
+           "training": training}
     medium_round()  # warm-up (and the rows devices_air reads)
     times = {k: [] for k in fns}
+    walls = {k: [] for k in fns}
     for _ in range(repeats):
         for k, fn in fns.items():
-            t = time.process_time()
+            t, t_wall = time.process_time(), time.perf_counter()
             fn()
             times[k].append(time.process_time() - t)
+            walls[k].append(time.perf_counter() - t_wall)
     med = {k: statistics.median(v) for k, v in times.items()}
-    share = [m / (m + t / 2) for m, t in zip(times["medium"], times["training"])]
+    wall = {k: statistics.median(v) for k, v in walls.items()}
+    share = [m / (m + t / 2) for m, t in zip(walls["medium"], times["training"])]
+    share_cpu = [m / (m + t / 2) for m, t in zip(times["medium_1_thread"], times["training"])]
     return {"d": d, "devices": int(collab.size), "plane_devices": pl.topology.n_devices,
-            "plane_edges": pl.topology.n_edges, "air_slots_per_round": len(steps),
-            "medium_cpu_s_per_round": med["medium"], "medium_cpu_s_per_slot": med["medium"] / len(steps),
+            "plane_edges": pl.topology.n_edges, "air_slots_per_round": len(steps), "downlink": pl.downlink,
+            "medium_threads": threads,
+            "medium_wall_s_per_round": wall["medium"], "medium_cpu_s_per_round": med["medium"],
+            "medium_1_thread_cpu_s_per_round": med["medium_1_thread"],
+            "medium_wall_s_per_slot": wall["medium"] / len(steps),
             "devices_air_cpu_s_per_round": med["devices_air"], "training_cpu_s_per_round": med["training"],
-            "medium_over_training": statistics.median(m / t for m, t in zip(times["medium"], times["training"])),
-            "medium_share_of_round": statistics.median(share), "repeats": repeats}
+            "medium_share_of_round": statistics.median(share),
+            "medium_share_of_round_1_thread": statistics.median(share_cpu), "repeats": repeats}
 
 
 def main() -> None:
@@ -175,9 +197,11 @@ def main() -> None:
     ap.add_argument("--d", type=int, default=30_000)
     ap.add_argument("--testbed", type=int, default=0, metavar="ROUNDS", help="measure a real run of ROUNDS rounds")
     ap.add_argument("--paper003", action="store_true", help="the medium at paper 003's scale against a round's training")
+    ap.add_argument("--medium-threads", type=int, default=2, help="--paper003: threads of the medium's column blocks")
+    ap.add_argument("--downlink", default="in-phase", choices=("in-phase", "complex"), help="--paper003: the rows")
     args = ap.parse_args()
     if args.paper003:
-        print(json.dumps(paper003(args.repeats)))
+        print(json.dumps(paper003(args.repeats, args.medium_threads, args.downlink)))
         return
     if args.testbed:
         print(json.dumps(testbed(args.testbed)))

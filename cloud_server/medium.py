@@ -57,8 +57,8 @@ class Slot:
 
 def reply_envelopes(meta: pb.Meta, res, rows: list[int], listen: list[str], psi: float) -> list[pb.Envelope]:
     """What one edge gets back from a slot, split per device: a head (meta and the scalars its devices estimate with)
-    and one envelope per listening device with its received row, so the largest message is one row (2 x d x 4 bytes
-    on OTA links), whatever the cluster's size M (a whole reply was M x 2 x d x 4). The edge reads them with
+    and one envelope per listening device with its received row, so the largest message is one row (d x 4 bytes
+    in-phase, 2 x d x 4 complex, on OTA links), whatever the cluster's size M (a whole reply was M x 2 x d x 4). The edge reads them with
     wire.read_envelopes."""
     head = pb.Envelope(meta=meta)
     if rows:
@@ -95,6 +95,7 @@ class Medium:
         self.refusals = refusals  # service_base.Refusals: a transmitter left out is a refusal with its reason
         self.dim = dim
         self.plane = air.plane_for(cfg)
+        ota.medium_threads(cfg.channel.medium_threads)
         self.edges = topology.edge_ids(cfg)
         self.slots: dict[tuple[int, int], Slot] = {}
         self.edges_dropped: dict[int, set[str]] = {}  # round -> edges a slot of it closed without

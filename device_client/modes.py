@@ -130,8 +130,7 @@ class AirDevice(DigitalDevice):
         n_active = reply.scalars.get("n_active", 0.0)
         if n_active < 1 or not air.passes_th0(self.plane, task.round, step, [p.index])[0]:
             return w  # nothing to estimate from, or the downlink test failed: no update (digest 10.11)
-        shape = [p.dim] if self.plane.exact else [2, p.dim]
-        row = wire.decode_array(wire.single_tensor(reply, "air"), shape)
+        row = wire.decode_array(wire.single_tensor(reply, "air"), self.plane.row_shape(p.dim))
         s = reply.scalars
         est = air.device_estimates(self.plane, row[None], [p.index], task.round, step, n_active, s["E"],
                                    s["sigma_sum"], s["mu_mean"], self.plane.C if group else 1, s["psi"],

@@ -40,6 +40,13 @@ class ChannelSection:
                               "the interferer clusters' iid N(0, 1) payloads: aggregate = their superposition at every "
                               "receiver drawn jointly from its exact Gaussian law (a factor of the gains; 5x faster); "
                               "explicit = every payload drawn; independent = each receiver's law alone (approximate)")
+    downlink: str = choice("in-phase", ("in-phase", "complex"),
+                           "what the medium delivers to a listening device: in-phase = the in-phase component of what "
+                           "it hears after correcting its own edge's phase (coherent detection: the only part the "
+                           "estimator uses, drawn from its own law: half the normals, a quarter of the product, half "
+                           "the bytes), complex = the real and imaginary parts")
+    medium_threads: int = doc(0, "threads that share the medium's column blocks (0: the machine's cores, up to 4; the "
+                              "devices wait at the slot's barrier meanwhile); the rows do not depend on it", min=0)
     side_info_bound: float = doc(100.0, "the medium refuses a transmitter whose sigma exceeds this many times the "
                                  "median sigma of the slot's other transmitters, or whose mu lies further than this "
                                  "many of their median sigmas from their median mu (one device's forged side "
@@ -155,7 +162,8 @@ AIR_ENVELOPE_SLACK = 64 << 10  # an envelope's meta, names and scalars beside it
 
 def air_message_bytes(devices_per_edge: int, dim: int) -> int:
     """The largest message of an air round: an edge's emission to the medium (up to M normalised float32 payloads of
-    d values); the medium's reply is split per device (2 x d x 4 bytes each, cloud_server.medium.reply_envelopes)."""
+    d values); the medium's reply is split per device (d x 4 bytes each in-phase, 2 x d x 4 complex,
+    cloud_server.medium.reply_envelopes)."""
     return max(devices_per_edge, 2) * 4 * dim + AIR_ENVELOPE_SLACK
 
 

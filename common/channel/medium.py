@@ -21,7 +21,7 @@ from .plane import Plane, device_estimates, passes_th0, slot_id
 
 @dataclass
 class SlotResult:
-    rows: np.ndarray          # [n_listen, 2, d] float32 (re, im) on OTA links; [n_listen, d] exact means
+    rows: np.ndarray          # [n_listen, d] float32 exact means or in-phase rows; [n_listen, 2, d] complex
     listeners: np.ndarray     # plane device of each row
     n_active: np.ndarray      # per listener: |A_x| (group 0) or |A| (group 1)
     E: np.ndarray             # per listener: the power its edge normalised by (1 on orthogonal links)
@@ -106,7 +106,8 @@ def air_slot(plane: Plane, round_: int, step: int, group: bool, payloads: np.nda
         E_edges = ota.edge_power(plane.rho, np.maximum(rec.n_active, 1), psi)
         signals = ota.edge_transmit(rec.received, plane.params.P_d, E_edges)
         E_listen = E_edges[cluster_of_listener]
-    down = ota.broadcast_rows(signals, np.arange(C), listen, top, slot, plane.seed, plane.params, rng)
+    down = ota.broadcast_rows(signals, np.arange(C), listen, top, slot, plane.seed, plane.params, rng,
+                              plane.downlink_phase(slot, listen))
     rows = down.received
     stats.update(received_power=float(rec.signal_power.mean()), interference_power=float(rec.interference_power.mean()),
                  interferers_active=rec.interferers_active, missing_transmitters=int(rec.missing.size),

@@ -7,6 +7,9 @@ real vectors s_bar of eqs. 12-13. The medium functions are pure: every fading dr
 """
 from __future__ import annotations
 
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,7 +23,10 @@ from .power import active_mask, inversion_coefficient, inversion_rho
 PSI_MODES = ("paper", "corrected", "empirical")
 TRIANGLE_BLOCK = 48  # rows per block of the triangular product (_into_rows): two blocks for 45 listeners
 MEASURE_COLUMNS = 8192  # columns per block where the rows' powers are measured and the own part added
+COLUMN_BLOCK = 4096  # columns per block of the folded draws and product (the block's rows stay in cache)
+LANES = 4  # generators a slot's draws are split over (block b in lane b % LANES), whatever the threads
 INTERFERER_MODES = ("explicit", "aggregate", "independent")
+DOWNLINK_FORMS = ("in-phase", "complex")  # what a device's downlink row holds (broadcast_rows)
 
 
 @dataclass(frozen=True)
@@ -220,13 +226,19 @@ def estimate(v_d: np.ndarray, theta, rho: float, P_d: float, E, n_active, own_do
 def estimate_rows(rows: np.ndarray, theta, rho: float, P_d: float, E, n_active, own_downlink_fading,
                   own_distance, alpha: float, mu_mean) -> np.ndarray:
     """`estimate` from received rows [n, 2, d] (real, imaginary parts) without forming complex vectors: with
-    c = theta / (sqrt(rho) sqrt(P_d/E) |A| f_o ||y0||^-a/2) per row, Re(c v) = Re c Re v - Im c Im v. float32."""
+    c = theta / (sqrt(rho) sqrt(P_d/E) |A| f_o ||y0||^-a/2) per row, Re(c v) = Re c Re v - Im c Im v; or from
+    in-phase rows [n, d] (broadcast_rows with the phases of f_o), where theta is real, so c e^{i arg f_o} is. float32."""
     rows = np.asarray(rows)
     n = rows.shape[0]
     per_row = lambda a: np.broadcast_to(np.asarray(a), (n,))  # noqa: E731
     scale = (np.sqrt(rho) * np.sqrt(P_d / per_row(E).astype(np.float64)) * per_row(n_active)
              * per_row(own_downlink_fading) * per_row(np.asarray(own_distance, dtype=np.float64)) ** (-alpha / 2))
     c = per_row(theta) / scale
+    if rows.ndim == 2:  # in-phase rows y = Re(e^{-i phi} v), phi = arg f_o: Re(c v) = (c e^{i phi}) y, c e^{i phi} real
+        coef = (c * np.exp(1j * np.angle(per_row(own_downlink_fading)))).real
+        out = rows * coef.astype(np.float32)[:, None]
+        out += per_row(mu_mean).astype(np.float32)[:, None]
+        return out.astype(np.float32, copy=False)
     out = rows[:, 0, :] * c.real.astype(np.float32)[:, None]
     out -= rows[:, 1, :] * c.imag.astype(np.float32)[:, None]
     out += per_row(mu_mean).astype(np.float32)[:, None]
@@ -300,12 +312,65 @@ def gaussian_superposition(gains: np.ndarray, d: int, rng: np.random.Generator, 
     return out[:n_rx] + 1j * out[n_rx:]
 
 
+def _lane_seeds(rng: np.random.Generator) -> np.ndarray:
+    """One seed per lane (LANES), drawn from `rng` in one call (so from the slot's seeded stream). torch seeds its
+    mt19937 from 32 bits, so 32-bit seeds are drawn (a wider one would only look wider)."""
+    return rng.integers(2 ** 32, size=LANES)
+
+
+def _lane_blocks(lane: int, d: int):
+    """The (start, stop) column blocks of a lane, in the order its generator fills them."""
+    return [(c0, min(d, c0 + COLUMN_BLOCK)) for c0 in range(lane * COLUMN_BLOCK, d, LANES * COLUMN_BLOCK)]
+
+
+def _lane_generator(seed) -> torch.Generator:
+    """A lane's sampler: torch's vectorised normal_ is ~2x numpy's fastest (SFC64 ziggurat) on this machine."""
+    return torch.Generator().manual_seed(int(seed))
+
+
 def standard_normals(rng: np.random.Generator, out: np.ndarray) -> np.ndarray:
-    """Fill float32 `out` with iid N(0, 1) from a torch generator seeded by one draw of `rng` (so from the slot's
-    seeded stream): torch's vectorised sampler is ~3x numpy's at the medium's 2 x 45 x 225,034 draws per slot."""
-    gen = torch.Generator().manual_seed(int(rng.integers(2 ** 63)))
-    torch.from_numpy(out).normal_(generator=gen)
+    """Fill float32 `out` [r, d] with iid N(0, 1): column blocks of COLUMN_BLOCK columns dealt round-robin to LANES
+    lanes, each lane's blocks filled in turn from its own generator (_lane_seeds), each block drawn as a C-contiguous
+    [r, width] array: the same values _into_rows draws, on however many threads."""
+    for lane, seed in enumerate(_lane_seeds(rng)):
+        gen = _lane_generator(seed)
+        for c0, c1 in _lane_blocks(lane, out.shape[1]):
+            block = np.empty((out.shape[0], c1 - c0), dtype=np.float32)
+            torch.from_numpy(block).normal_(generator=gen)
+            out[:, c0:c1] = block
     return out
+
+
+_POOL: dict = {}
+_POOL_LOCK = threading.Lock()
+
+
+def medium_threads(n: int | None = None) -> int:
+    """Threads that share the medium's column blocks (set once per process: the cloud sets channel.medium_threads;
+    0 sets the default: the machine's cores, up to 4, since the devices wait at the slot's barrier). The rows do not
+    depend on it."""
+    with _POOL_LOCK:
+        if n is not None:
+            _POOL["threads"] = int(n) if n > 0 else min(4, os.cpu_count() or 1)
+            old = _POOL.pop("executor", None)
+            if old is not None:
+                old.shutdown(wait=False)
+        return _POOL.setdefault("threads", min(4, os.cpu_count() or 1))
+
+
+def _over_blocks(work, blocks: int) -> None:
+    """work(b) for b in range(blocks), on medium_threads() threads (numpy's BLAS and torch's sampler release the
+    GIL): thread t takes b = t, t + threads, ...; each b must write only its own columns."""
+    threads = min(medium_threads(), blocks)
+    if threads <= 1:
+        for b in range(blocks):
+            work(b)
+        return
+    with _POOL_LOCK:
+        pool = _POOL.get("executor")
+        if pool is None:
+            pool = _POOL["executor"] = ThreadPoolExecutor(_POOL["threads"], thread_name_prefix="medium")
+    list(pool.map(lambda t: [work(b) for b in range(t, blocks, threads)], range(threads)))
 
 
 def folds(mode: str, noise_var: float, n_rx: int) -> bool:
@@ -313,15 +378,37 @@ def folds(mode: str, noise_var: float, n_rx: int) -> bool:
     return mode == "aggregate" and noise_var > 0 and n_rx > 0
 
 
-def folded_factor(gains: np.ndarray, noise_var: float) -> np.ndarray:
+def folded_factor(gains: np.ndarray, noise_var: float, project: np.ndarray | None = None) -> np.ndarray:
     """[2 n_rx, 2 n_rx] float32 lower-triangular Cholesky factor L of S S^T + noise_var / 2 I, S the real gains
     interleaved by receiver (row 2i Re gains[i], row 2i + 1 Im gains[i]): L W with W iid N(0, 1) [2 n_rx, d] is
     every receiver's interference plus CN(0, noise_var) noise, rows (Re r_0, Im r_0, Re r_1, ...), the layout of
-    the devices' [n_rx, 2, d] rows. Row k of L W needs only W's first k + 1 rows (broadcast_rows uses it)."""
-    stacked = np.empty((2 * gains.shape[0], gains.shape[1]))
-    stacked[0::2], stacked[1::2] = gains.real, gains.imag
+    the devices' [n_rx, 2, d] rows. Row k of L W needs only W's first k + 1 rows (broadcast_rows uses it).
+    With `project` (in_phase_projection's [n_rx, 2 n_rx] P): the [n_rx, n_rx] factor of P S S^T P^T + noise_var / 2 I,
+    the law of P applied to those rows (P P^T = I)."""
+    stacked = _interleaved_rows(gains)
+    if project is not None:
+        stacked = project @ stacked
     cov = stacked @ stacked.T + (noise_var / 2) * np.eye(stacked.shape[0])
     return np.linalg.cholesky(cov).astype(np.float32)
+
+
+def _interleaved_rows(gains: np.ndarray) -> np.ndarray:
+    """[2 n, k] float64 real gains interleaved by receiver: row 2i Re gains[i], row 2i + 1 Im gains[i]."""
+    stacked = np.empty((2 * gains.shape[0], gains.shape[1]))
+    stacked[0::2], stacked[1::2] = gains.real, gains.imag
+    return stacked
+
+
+def in_phase_projection(phase) -> np.ndarray:
+    """[n, 2 n] float64 P with row i = (cos phi_i, sin phi_i) on receiver i's (Re, Im) rows: P r = Re(e^{-i phi} v),
+    the in-phase component of what receiver i hears after it corrects the phase phi_i of its own link (coherent
+    detection). Its rows are orthonormal (P P^T = I), so P maps CN(0, s) noise to N(0, s / 2) per row."""
+    phase = np.asarray(phase, dtype=np.float64).reshape(-1)
+    n = phase.size
+    out = np.zeros((n, 2 * n))
+    out[np.arange(n), 2 * np.arange(n)] = np.cos(phase)
+    out[np.arange(n), 2 * np.arange(n) + 1] = np.sin(phase)
+    return out
 
 
 def interference_and_noise(gains: np.ndarray, d: int, rng: np.random.Generator, mode: str, chunk: int,
@@ -479,7 +566,7 @@ def uplink_rows(payloads: np.ndarray, tx_devices, topology: Topology, slot: int,
     left = np.zeros((2 * n, t + (2 * n if folded else 0)), dtype=np.float32)
     others = np.where(is_own, 0.0, gains)
     left[0::2, :t], left[1::2, :t] = others.real, others.imag
-    rows = _into_rows(left, payloads, gi if folded else None, noise_var, rng)
+    rows = _into_rows(left, payloads, gi if folded else None, noise_var, rng).reshape(n, 2, d)
     if gi is not None and not folded:
         _add_complex(rows, interference_and_noise(gi, d, rng, params.interferers, params.chunk, noise_var)[0])
     own = np.zeros((2 * n, t), dtype=np.float32)
@@ -492,32 +579,43 @@ def uplink_rows(payloads: np.ndarray, tx_devices, topology: Topology, slot: int,
                      int(interferers.size if params.interference else 0), missing)
 
 
-def _into_rows(left: np.ndarray, head: np.ndarray, folded_gains, noise_var: float, rng) -> np.ndarray:
-    """[n, 2, d] float32 rows = left @ [head; W]: head [k, d] (payloads, or the edges' interleaved signals) and,
-    where folded_gains is given, W iid N(0, 1) [2 n, d] drawn in place (standard_normals) behind the factor
-    left[:, k:] = folded_factor(folded_gains, noise_var). That factor is lower triangular, so the product goes by
-    blocks of rows, each over only the head and the W rows its block reaches: about half of the W part's
-    multiply-adds (~(2n)^2 / 2 instead of (2n)^2 a column)."""
+def _into_rows(left: np.ndarray, head: np.ndarray, folded_gains, noise_var: float, rng,
+               project: np.ndarray | None = None) -> np.ndarray:
+    """[R, d] float32 rows = left @ [head; W] (R = left's rows): head [k, d] (payloads, or the edges' interleaved
+    signals) and, where folded_gains is given, W iid N(0, 1) [R, d] (standard_normals' values) behind the factor
+    left[:, k:] = folded_factor(folded_gains, noise_var, project). By column blocks, the LANES lanes on
+    medium_threads() threads, each block's normals drawn into a cache-sized scratch stacked under its head columns. The factor is lower
+    triangular, so the product goes by blocks of rows, each over only the head and the W rows its block reaches:
+    about half of the W part's multiply-adds (~R^2 / 2 instead of R^2 a column)."""
     k, d = head.shape[0], head.shape[-1]
-    stack = np.empty((left.shape[1], d), dtype=np.float32)
-    stack[:k] = head.reshape(k, d)
-    rows = np.empty((left.shape[0] // 2, 2, d), dtype=np.float32)
-    flat = rows.reshape(left.shape[0], d)
+    head = head.reshape(k, d)
+    flat = np.empty((left.shape[0], d), dtype=np.float32)
     if folded_gains is None:
-        np.matmul(left, stack, out=flat)
-        return rows
-    left[:, k:] = folded_factor(folded_gains, noise_var)
-    standard_normals(rng, stack[k:])
-    for r0 in range(0, flat.shape[0], TRIANGLE_BLOCK):
-        r1 = min(flat.shape[0], r0 + TRIANGLE_BLOCK)
-        np.matmul(left[r0:r1, :k + r1], stack[:k + r1], out=flat[r0:r1])
-    return rows
+        np.matmul(left, head, out=flat)
+        return flat
+    left[:, k:] = folded_factor(folded_gains, noise_var, project)
+    seeds = _lane_seeds(rng)
+
+    def lane(j: int) -> None:
+        gen, stack = _lane_generator(seeds[j]), None
+        for c0, c1 in _lane_blocks(j, d):
+            if stack is None or stack.shape[1] != c1 - c0:
+                stack = np.empty((left.shape[1], c1 - c0), dtype=np.float32)
+            stack[:k] = head[:, c0:c1]
+            torch.from_numpy(stack[k:]).normal_(generator=gen)  # rows k.. of a C-contiguous block: contiguous
+            for r0 in range(0, flat.shape[0], TRIANGLE_BLOCK):
+                r1 = min(flat.shape[0], r0 + TRIANGLE_BLOCK)
+                np.matmul(left[r0:r1, :k + r1], stack[:k + r1], out=flat[r0:r1, c0:c1])
+
+    _over_blocks(lane, LANES)
+    return flat
 
 
 def _measure_then_add(rows: np.ndarray, own: np.ndarray, head: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per receiver, ||rows_i||^2 as they are, then rows += own @ head and ||(own @ head)_i||^2: one pass over the
-    [n, 2, d] rows by blocks of MEASURE_COLUMNS columns (each block's sums in float32 while it is in cache, added
-    in float64). rows [n, 2, d] float32; own [2 n, k]; head [k, d]."""
+    [n, 2, d] rows by blocks of MEASURE_COLUMNS columns on medium_threads() threads (each block's sums in float32
+    while it is in cache, added in float64 in the blocks' order, so the sums do not depend on the threads).
+    rows [n, 2, d] float32; own [2 n, k]; head [k, d]."""
     n, d = rows.shape[0], rows.shape[-1]
     flat = rows.reshape(2 * n, d)
     head = head.reshape(-1, d)
@@ -525,15 +623,19 @@ def _measure_then_add(rows: np.ndarray, own: np.ndarray, head: np.ndarray) -> tu
     # them (~10x the CPU time on the shared 2 cores), and torch's gemm is not bitwise repeatable across runs (a seeded
     # run must repeat exactly: tests/integration/test_medium.py)
     own = np.ascontiguousarray(own, dtype=np.float32)
-    power, own_power = np.zeros(2 * n), np.zeros(2 * n)
-    part = np.empty((2 * n, min(d, MEASURE_COLUMNS)), dtype=np.float32)
-    for c0 in range(0, d, MEASURE_COLUMNS):
-        c1 = min(d, c0 + MEASURE_COLUMNS)
-        block, add = flat[:, c0:c1], part[:, :c1 - c0]
-        power += np.einsum("ij,ij->i", block, block)
-        np.einsum("ik,kj->ij", own, head[:, c0:c1], out=add)
-        own_power += np.einsum("ij,ij->i", add, add)
-        block += add
+    blocks = -(-d // MEASURE_COLUMNS)
+    sums = np.zeros((blocks, 2, 2 * n))  # per block: the rows' power as they were, the own part's power
+
+    def block(b: int) -> None:
+        c0, c1 = b * MEASURE_COLUMNS, min(d, (b + 1) * MEASURE_COLUMNS)
+        part = flat[:, c0:c1]
+        sums[b, 0] = np.einsum("ij,ij->i", part, part)
+        add = np.einsum("ik,kj->ij", own, head[:, c0:c1])
+        sums[b, 1] = np.einsum("ij,ij->i", add, add)
+        part += add
+
+    _over_blocks(block, blocks)
+    power, own_power = sums.sum(axis=0)
     return power.reshape(n, 2).sum(axis=1), own_power.reshape(n, 2).sum(axis=1)
 
 
@@ -625,7 +727,7 @@ def _signal_rows(signals: np.ndarray) -> np.ndarray:
 
 
 def broadcast_rows(edge_signals: np.ndarray, tx_edges, rx_devices, topology: Topology, slot: int, seed: int,
-                   params: OtaParams, rng: np.random.Generator) -> Reception:
+                   params: OtaParams, rng: np.random.Generator, phase=None) -> Reception:
     """medium_broadcast computed in float32 straight into what the devices receive: `received` is [n_rx, 2, d]
     float32 (real and imaginary parts). edge_signals: [m, d] (complex) or real [m, 2, d] rows (uplink_rows' form).
     Same gains, same draws from `rng` in the same order, so the same rows as medium_broadcast's up to float32
@@ -633,20 +735,43 @@ def broadcast_rows(edge_signals: np.ndarray, tx_edges, rx_devices, topology: Top
 
     The other edges' interference and the noise, where folded (aggregate mode), ride in the same matrix product as
     the transmitting edges' signals: [G_others | L] @ [S; W] with W drawn in place (_into_rows); the own edge's
-    a s_own is accumulated in place after the interference power is measured, so that power needs no cancellation."""
+    a s_own is accumulated in place after the interference power is measured, so that power needs no cancellation.
+
+    With `phase` (per listener: the phase of its own edge's downlink fading f_o) `received` is [n_rx, d], each
+    listener's in-phase component Re(e^{-i phi} v) (in_phase_projection), the only part a device's estimator uses
+    (estimate_rows). Where the law is folded it is drawn from the projected law itself: n_rx normals a column and an
+    [n_rx, n_rx] factor instead of 2 n_rx and [2 n_rx, 2 n_rx] (a quarter of the product), the same law as the
+    projection of the complex rows (not the same draws); `interference_power` is then its expectation over the
+    Gaussian part (the complex rows' sample power differs from it by O(1 / sqrt(d)) relative). Otherwise the complex
+    rows are drawn and projected."""
+    if phase is not None and not _folds_downlink(params, topology, tx_edges, rx_devices):
+        rec = broadcast_rows(edge_signals, tx_edges, rx_devices, topology, slot, seed, params, rng)
+        p = np.asarray(phase, dtype=np.float64).reshape(-1, 1)
+        rows = np.cos(p).astype(np.float32) * rec.received[:, 0] + np.sin(p).astype(np.float32) * rec.received[:, 1]
+        return Reception(rows, rec.receivers, rec.n_active, rec.signal_power, rec.interference_power,
+                         rec.interferers_active, rec.missing)
     signals, tx, rx, g, is_own, others_gains = _broadcast_links(edge_signals, tx_edges, rx_devices, topology, slot,
                                                                 seed, params)
     n, m, d = rx.size, tx.size, signals.shape[-1]
     noise_var = params.sigma_dn2 if params.noise else 0.0
     folded = others_gains is not None and folds(params.interferers, noise_var, n)
     head = _signal_rows(signals).reshape(2 * m, d)
-    left = np.zeros((2 * n, 2 * m + (2 * n if folded else 0)), dtype=np.float32)
-    left[:, :2 * m] = _interleaved(np.where(is_own, 0.0, g))
-    rows = _into_rows(left, head, others_gains if folded else None, noise_var, rng)
-    if others_gains is not None and not folded:
-        _add_complex(rows, interference_and_noise(others_gains, d, rng, params.interferers, params.chunk, noise_var)[0])
-    power, _ = _measure_then_add(rows, _interleaved(np.where(is_own, g, 0.0)), head)
-    interference_power = np.maximum(power / d - (noise_var if folded else 0.0), 0.0)
+    others = _interleaved(np.where(is_own, 0.0, g))
+    if phase is not None:  # folded: the own edge rides in the same product (the power is not measured, see above)
+        project = in_phase_projection(phase)
+        left = np.zeros((n, 2 * m + n), dtype=np.float32)
+        left[:, :2 * m] = project @ _interleaved(g)
+        rows = _into_rows(left, head, others_gains, noise_var, rng, project)
+        interference_power = _expected_interference(others, head, others_gains, n)
+    else:
+        left = np.zeros((2 * n, 2 * m + (2 * n if folded else 0)), dtype=np.float32)
+        left[:, :2 * m] = others
+        rows = _into_rows(left, head, others_gains if folded else None, noise_var, rng).reshape(n, 2, d)
+        if others_gains is not None and not folded:
+            _add_complex(rows, interference_and_noise(others_gains, d, rng, params.interferers, params.chunk,
+                                                      noise_var)[0])
+        power, _ = _measure_then_add(rows, _interleaved(np.where(is_own, g, 0.0)), head)
+        interference_power = np.maximum(power / d - (noise_var if folded else 0.0), 0.0)
     own_col = np.argmax(is_own, axis=1)
     a2 = np.where(is_own[np.arange(n), own_col], np.abs(g[np.arange(n), own_col]) ** 2, 0.0)
     signal_power = a2 * _row_power(signals)[own_col] / d
@@ -654,6 +779,24 @@ def broadcast_rows(edge_signals: np.ndarray, tx_edges, rx_devices, topology: Top
         _add_complex(rows, awgn((n, d), noise_var, rng))
     return Reception(rows, rx, np.zeros(0, dtype=np.int64), signal_power, interference_power,
                      int(topology.n_edges - m if params.interference else 0), np.zeros(0, dtype=np.int64))
+
+
+def _folds_downlink(params: OtaParams, topology: Topology, tx_edges, rx_devices) -> bool:
+    """Whether broadcast_rows draws the other edges' interference and the noise as one folded law."""
+    heard = params.interference and topology.n_edges > np.asarray(tx_edges).size
+    return bool(heard and folds(params.interferers, params.sigma_dn2 if params.noise else 0.0,
+                                np.asarray(rx_devices).size))
+
+
+def _expected_interference(others: np.ndarray, head: np.ndarray, others_gains, n: int) -> np.ndarray:
+    """Per listener, the per-entry power of everything but its own edge and the noise on its complex rows: the
+    transmitting others' part exactly (others [2 n, 2 m] interleaved gains, head [2 m, d] the signals' rows, through
+    their Gram matrix) and the aggregate interferers' N(0, 1) payloads in expectation (sum of |gain|^2)."""
+    gram = (head @ head.T).astype(np.float64) / head.shape[1]  # float32 sums: a statistic, 1e-5 relative
+    power = np.einsum("rk,kl,rl->r", others.astype(np.float64), gram, others.astype(np.float64))
+    if others_gains is not None:
+        power = power + (_interleaved_rows(np.atleast_2d(others_gains)) ** 2).sum(axis=1)
+    return power.reshape(n, 2).sum(axis=1)
 
 
 def edge_transmit(received: np.ndarray, P_d: float, E) -> np.ndarray:

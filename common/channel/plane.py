@@ -40,6 +40,18 @@ class Plane:
     psi_mode: str
     beta: float
     receiver: str = "mmse"
+    downlink: str = "in-phase"  # ota.DOWNLINK_FORMS: what a device's downlink row holds
+
+    def row_shape(self, d: int) -> list[int]:
+        """The shape of one device's downlink row: [d] (exact means, or the in-phase component), [2, d] (complex)."""
+        return [2, d] if not self.exact and self.downlink == "complex" else [d]
+
+    def downlink_phase(self, slot: int, devices) -> np.ndarray | None:
+        """Per listener, the phase its in-phase row is taken at (its own edge's downlink fading), or None where
+        the rows are complex (ota.broadcast_rows)."""
+        if self.downlink == "complex":
+            return None
+        return np.angle(ota.own_downlink_fading(self.topology, slot, self.seed, devices, self.params))
 
     @property
     def C(self) -> int:
@@ -63,7 +75,7 @@ def _plane(seed: int, ch, edges: int, per_edge: int) -> Plane:
     # but C - 1 of the clusters around an edge are interferers
     psi = ota.psi(ch.psi_mode, ch.lambda_p_per_m2, ch.interferer_devices, params, ch.r0, ch.R)
     beta = ota.downlink_beta(ch.lambda_p_per_m2, params.sigma_d2, params.alpha, ch.r0, params.sigma_dn2, params.P_d)
-    return Plane(top, params, ch.model, seed, rho, psi, ch.psi_mode, beta, ch.receiver)
+    return Plane(top, params, ch.model, seed, rho, psi, ch.psi_mode, beta, ch.receiver, ch.downlink)
 
 
 def plane_for(cfg) -> Plane:
@@ -121,8 +133,9 @@ def activity(plane: Plane, phases, round_: int, step: int) -> np.ndarray:
 
 def device_estimates(plane: Plane, rows: np.ndarray, devices, round_: int, step: int, n_active, E, sigma_sum,
                      mu_mean, groups: int, psi: float, gradient: bool) -> np.ndarray:
-    """g_hat (eq. 21) or w_hat (eq. 30) of each listed device from what it received: rows are [n, 2, d]
-    (real and imaginary parts) on OTA links, [n, d] exact means on orthogonal ones. The receive factor theta
+    """g_hat (eq. 21) or w_hat (eq. 30) of each listed device from what it received: rows are [n, d] in-phase
+    components or [n, 2, d] (real and imaginary parts) on OTA links (plane.downlink), [n, d] exact means on
+    orthogonal ones. The receive factor theta
     is eq. 27 (groups = 1) or eq. 35 (groups = C), with the Psi the edge normalised by."""
     devices = np.asarray(devices, dtype=np.int64)
     if plane.exact:

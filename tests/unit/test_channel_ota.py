@@ -338,6 +338,18 @@ def test_the_triangular_product_by_blocks_equals_the_full_product(monkeypatch, b
     assert np.abs(rows.reshape(18, 777) - want).max() <= 1e-5 * np.abs(want).max()
 
 
+def _downlink_covariance(top, devices, params):
+    """S S^T + sigma_dn^2 / 2 I of the listeners' interleaved (Re, Im) rows, S the real and imaginary parts of
+    sqrt(P_d) ||x - pos||^-alpha/2 f_x over every edge that does not collaborate (eq. 18, from fading and geometry)."""
+    others = np.arange(top.collaborating, top.n_edges)
+    dist = np.linalg.norm(top.edges[others][None, :, :] - top.devices[devices][:, None, :], axis=2)
+    g = np.sqrt(params.P_d) * dist ** (-params.alpha / 2) * rayleigh(SEED, SLOT, others[None, :], devices[:, None],
+                                                                     "down", params.sigma_d2)
+    s = np.empty((2 * devices.size, others.size))
+    s[0::2], s[1::2] = g.real, g.imag
+    return s @ s.T + params.sigma_dn2 / 2 * np.eye(2 * devices.size)
+
+
 def test_broadcast_rows_have_the_exact_joint_law_of_interference_and_noise():
     """What the devices receive from silent edges (zero signals): the interleaved (Re, Im) rows of every listener are
     jointly Gaussian with covariance S S^T + sigma_dn^2 / 2 I, S the real and imaginary parts of sqrt(P_d) ||x -
@@ -350,13 +362,7 @@ def test_broadcast_rows_have_the_exact_joint_law_of_interference_and_noise():
     d = 100_000
     assert ota.folds(params.interferers, params.sigma_dn2, devices.size)
     got = ota.broadcast_rows(np.zeros((tx.size, d)), tx, devices, top, SLOT, SEED, params, np.random.default_rng(20))
-    others = np.arange(top.collaborating, top.n_edges)
-    dist = np.linalg.norm(top.edges[others][None, :, :] - top.devices[devices][:, None, :], axis=2)
-    g = np.sqrt(params.P_d) * dist ** (-params.alpha / 2) * rayleigh(SEED, SLOT, others[None, :], devices[:, None],
-                                                                     "down", params.sigma_d2)
-    s = np.empty((2 * devices.size, others.size))
-    s[0::2], s[1::2] = g.real, g.imag
-    want = s @ s.T + params.sigma_dn2 / 2 * np.eye(2 * devices.size)
+    want = _downlink_covariance(top, devices, params)
     cov = np.cov(got.received.reshape(2 * devices.size, d).astype(np.float64))
     np.testing.assert_allclose(np.diag(cov), np.diag(want), rtol=0.05)
     corr = lambda c: c / np.sqrt(np.outer(np.diag(c), np.diag(c)))  # noqa: E731
@@ -379,3 +385,93 @@ def test_estimate_rows_equal_the_complex_estimate():
     assert np.allclose(got, want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
     one = ota.estimate_rows(rows[:1], *(a[:1] if np.ndim(a) else a for a in args))  # one device, as each computes
     assert np.allclose(one[0], want[0], rtol=1e-5, atol=1e-6 * np.abs(want).max())
+
+
+def test_in_phase_rows_are_the_projection_of_the_complex_rows_where_the_law_is_not_folded():
+    # noise off: nothing is folded, so broadcast_rows draws the complex rows and projects them: with the same rng,
+    # row i is cos(phi_i) Re v_i + sin(phi_i) Im v_i of the complex rows, to float32 round-off
+    top = _topology()
+    params = OtaParams(noise=False)
+    rng = np.random.default_rng(21)
+    signals = rng.normal(size=(top.collaborating, 2, 700)).astype(np.float32)
+    tx, devices = np.arange(top.collaborating), top.collaborating_devices[:10]
+    phase = rng.uniform(-np.pi, np.pi, devices.size)
+    full = ota.broadcast_rows(signals, tx, devices, top, SLOT, SEED, params, np.random.default_rng(22))
+    got = ota.broadcast_rows(signals, tx, devices, top, SLOT, SEED, params, np.random.default_rng(22), phase)
+    want = np.cos(phase)[:, None] * full.received[:, 0] + np.sin(phase)[:, None] * full.received[:, 1]
+    assert got.received.shape == (devices.size, 700) and got.received.dtype == np.float32
+    assert np.abs(got.received - want).max() <= 1e-5 * np.abs(want).max()
+    assert np.array_equal(got.signal_power, full.signal_power)
+
+
+def test_in_phase_rows_have_the_law_of_the_projected_complex_rows():
+    """The folded in-phase path draws its own [n, n] law, not the complex rows' draws: the difference D between its
+    rows and the projection of the complex rows (independent draws, same signals) is N(0, 2 P C P^T) per column (C
+    the complex rows' covariance S S^T + sigma_dn^2 / 2 I, P the projection), with no signal left in it. Seeded,
+    d = 60,000: 5% on the diagonal, 0.03 on the correlations, |corr(D, signal)| < 0.03 (sampling error ~0.004-0.01)."""
+    top = _topology(C=3)
+    params = OtaParams(interferers="aggregate", sigma_dn2=2e-8)
+    rng = np.random.default_rng(23)
+    d = 60_000
+    signals = (10 * rng.normal(size=(top.collaborating, 2, d))).astype(np.float32)
+    tx, devices = np.arange(top.collaborating), top.collaborating_devices[:10]
+    phase = rng.uniform(-np.pi, np.pi, devices.size)
+    full = ota.broadcast_rows(signals, tx, devices, top, SLOT, SEED, params, np.random.default_rng(24))
+    got = ota.broadcast_rows(signals, tx, devices, top, SLOT, SEED, params, np.random.default_rng(25), phase)
+    p = ota.in_phase_projection(phase)
+    diff = got.received.astype(np.float64) - p @ full.received.reshape(2 * devices.size, d)
+    want = 2 * p @ _downlink_covariance(top, devices, params) @ p.T
+    cov = np.cov(diff)
+    np.testing.assert_allclose(np.diag(cov), np.diag(want), rtol=0.05)
+    corr = lambda c: c / np.sqrt(np.outer(np.diag(c), np.diag(c)))  # noqa: E731
+    np.testing.assert_allclose(corr(cov), corr(want), atol=0.03)
+    sig = signals.reshape(2 * top.collaborating, d).astype(np.float64)
+    cross = (diff - diff.mean(1, keepdims=True)) @ (sig - sig.mean(1, keepdims=True)).T / d
+    assert np.abs(cross / np.outer(diff.std(1), sig.std(1))).max() < 0.03
+    # the signal part is not small beside the noise (else the check above would be empty)
+    assert (np.var(p @ full.received.reshape(2 * devices.size, d), axis=1) > 10 * np.diag(want) / 2).all()
+    # the reported interference power: the complex rows' measured one, to 1%
+    np.testing.assert_allclose(got.interference_power, full.interference_power, rtol=0.01)
+
+
+def test_estimate_from_in_phase_rows_equals_the_complex_estimate():
+    # a device that gets Re(e^{-i arg f_o} v) computes the same estimate as from the whole v (theta real)
+    rng = np.random.default_rng(26)
+    n, d = 5, 2000
+    v = rng.normal(size=(n, d)) + 1j * rng.normal(size=(n, d))
+    f_o = rng.normal(size=n) + 1j * rng.normal(size=n)
+    args = (rng.uniform(0.1, 2, n), 0.7, 1.0, rng.uniform(1, 5, n), rng.integers(1, 15, n).astype(float),
+            f_o, rng.uniform(1, 30, n), 4.0, rng.normal(size=n))
+    want = ota.estimate(v, *args)
+    y = np.real(np.exp(-1j * np.angle(f_o))[:, None] * v).astype(np.float32)
+    got = ota.estimate_rows(y, *args)
+    assert got.dtype == np.float32 and got.shape == (n, d)
+    assert np.allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("phase", [False, True], ids=["complex", "in-phase"])
+def test_the_rows_do_not_depend_on_the_medium_threads(phase):
+    # the column blocks draw from their own seeds and sum their powers in the blocks' order: one thread and three give
+    # the same rows and powers bit for bit, on the uplink and the downlink (d spans several blocks and a partial one)
+    top = _topology()
+    params = OtaParams(interferers="aggregate", sigma_dn2=2e-8, sigma_en2=2e-8)
+    d = 3 * ota.COLUMN_BLOCK + 777
+    tx = _active_tx(top, SLOT, params)
+    payloads = np.random.default_rng(27).normal(size=(tx.size, d)).astype(np.float32)
+    devices = top.collaborating_devices[:12]
+    angles = np.random.default_rng(28).uniform(-np.pi, np.pi, devices.size) if phase else None
+    runs = []
+    try:
+        for threads in (1, 3):
+            ota.medium_threads(threads)
+            up = ota.uplink_rows(payloads, tx, top, SLOT, SEED, params, np.random.default_rng(29))
+            down = ota.broadcast_rows(up.received, np.arange(top.collaborating), devices, top, SLOT, SEED, params,
+                                      np.random.default_rng(30), angles)
+            runs.append((up, down))
+    finally:
+        ota.medium_threads(0)
+    (u1, d1), (u3, d3) = runs
+    assert np.array_equal(u1.received, u3.received) and np.array_equal(d1.received, d3.received)
+    assert np.array_equal(u1.interference_power, u3.interference_power)
+    assert np.array_equal(d1.interference_power, d3.interference_power)
+    assert d1.received.shape == ((devices.size, d) if phase else (devices.size, 2, d))

@@ -263,7 +263,7 @@ def test_a_slot_nobody_transmits_in_still_answers_everyone():
     phases = plans.build_plan(cfg)
     res = medium_fn.air_slot(plane, 0, 0, False, np.zeros((0, 50), np.float32), [], [], [], np.arange(12),
                              air.alive(plane, phases, 0, 0), np.random.default_rng(0))
-    assert res.rows.shape == (12, 2, 50) and (res.n_active == 0).all() and res.ideal is None
+    assert res.rows.shape == (12, 50) and (res.n_active == 0).all() and res.ideal is None  # in-phase rows
     est, ok = medium_fn.estimates(plane, res, 0, 0, False, plane.psi)
     assert not ok.any()  # nothing to estimate from: no device updates
 

@@ -65,7 +65,7 @@ def reply_envelopes(meta: pb.Meta, res, rows: list[int], listen: list[str], psi:
         first = rows[0]
         head.scalars.update(n_active=float(res.n_active[first]), E=float(res.E[first]),
                             sigma_sum=float(res.sigma_sum[first]), mu_mean=float(res.mu_mean[first]), psi=psi)
-    return [head] + [pb.Envelope(tensors=[wire.encode(res.rows[i], "float32", listen[i])]) for i in rows]
+    return [head] + [wire.raw_envelope(res.rows[i], "float32", listen[i]) for i in rows]
 
 
 def estimator_label(receiver: str, psi_mode: str, exact: bool = False) -> str:
@@ -292,9 +292,11 @@ class Medium:
         models: dict = {"ideal": res.ideal}
         if ok.any():
             good = est[ok]
-            mean = good.astype(np.float64).mean(axis=0)
-            models["device_mean"] = mean.astype(np.float32)
-            spread = np.sqrt(np.mean((good - mean) ** 2, axis=1)).mean() / max(1e-12, float(np.sqrt(np.mean(mean ** 2))))
+            mean = good.mean(axis=0, dtype=np.float64).astype(np.float32)  # float64 sums, no [n, d] float64 copy
+            models["device_mean"] = mean
+            good -= mean  # a copy (boolean index): each device's distance from the mean, in place
+            rms = np.sqrt(np.einsum("ij,ij->i", good, good, dtype=np.float64) / good.shape[1])
+            spread = rms.mean() / max(1e-12, float(np.sqrt(np.einsum("i,i->", mean, mean, dtype=np.float64) / mean.size)))
             models["spread"] = float(spread)
             # the reference device is device 0 of the reference cluster (Theorem 1); in a round where it failed th0
             # it keeps a model the medium does not see, and the round has no reference figure

@@ -345,6 +345,16 @@ _POOL: dict = {}
 _POOL_LOCK = threading.Lock()
 
 
+def _forget_pool() -> None:
+    # nodes are forked from a preloaded forkserver: a child inherits the pool object but none of its threads
+    _POOL.pop("executor", None)
+    global _POOL_LOCK
+    _POOL_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool)
+
+
 def medium_threads(n: int | None = None) -> int:
     """Threads that share the medium's column blocks (set once per process: the cloud sets channel.medium_threads;
     0 sets the default: the machine's cores, up to 4, since the devices wait at the slot's barrier). The rows do not

@@ -475,3 +475,28 @@ def test_the_rows_do_not_depend_on_the_medium_threads(phase):
     assert np.array_equal(u1.interference_power, u3.interference_power)
     assert np.array_equal(d1.interference_power, d3.interference_power)
     assert d1.received.shape == ((devices.size, d) if phase else (devices.size, 2, d))
+
+
+def test_a_forked_child_gets_its_own_medium_threads():
+    # nodes are forked from a preloaded forkserver: a pool made before the fork has no threads in the child, which
+    # must make its own rather than wait on the parent's
+    import multiprocessing as mp
+
+    top = _topology()
+    params = OtaParams(interferers="aggregate", sigma_dn2=2e-8)
+    signals = np.random.default_rng(31).normal(size=(top.collaborating, 2, 2 * ota.COLUMN_BLOCK)).astype(np.float32)
+    devices = top.collaborating_devices[:6]
+    args = (signals, np.arange(top.collaborating), devices, top, SLOT, SEED, params)
+    try:
+        ota.medium_threads(2)
+        want = ota.broadcast_rows(*args, np.random.default_rng(32)).received  # the parent's pool exists now
+        ctx = mp.get_context("fork")
+        with ctx.Pool(1) as pool:
+            got = pool.apply_async(_rows_in_child, (args,)).get(timeout=30)
+    finally:
+        ota.medium_threads(0)
+    assert np.array_equal(got, want)
+
+
+def _rows_in_child(args):
+    return ota.broadcast_rows(*args, np.random.default_rng(32)).received

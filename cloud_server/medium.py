@@ -296,7 +296,8 @@ class Medium:
             models["device_mean"] = mean
             good -= mean  # a copy (boolean index): each device's distance from the mean, in place
             rms = np.sqrt(np.einsum("ij,ij->i", good, good, dtype=np.float64) / good.shape[1])
-            spread = rms.mean() / max(1e-12, float(np.sqrt(np.einsum("i,i->", mean, mean, dtype=np.float64) / mean.size)))
+            norm = float(np.sqrt(np.einsum("i,i->", mean, mean, dtype=np.float64) / mean.size))
+            spread = rms.mean() / max(1e-12, norm)
             models["spread"] = float(spread)
             # the reference device is device 0 of the reference cluster (Theorem 1); in a round where it failed th0
             # it keeps a model the medium does not see, and the round has no reference figure

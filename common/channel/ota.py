@@ -26,7 +26,6 @@ MEASURE_COLUMNS = 8192  # columns per block where the rows' powers are measured 
 COLUMN_BLOCK = 4096  # columns per block of the folded draws and product (the block's rows stay in cache)
 LANES = 4  # generators a slot's draws are split over (block b in lane b % LANES), whatever the threads
 INTERFERER_MODES = ("explicit", "aggregate", "independent")
-DOWNLINK_FORMS = ("in-phase", "complex")  # what a device's downlink row holds (broadcast_rows)
 
 
 @dataclass(frozen=True)
@@ -234,7 +233,7 @@ def estimate_rows(rows: np.ndarray, theta, rho: float, P_d: float, E, n_active, 
     scale = (np.sqrt(rho) * np.sqrt(P_d / per_row(E).astype(np.float64)) * per_row(n_active)
              * per_row(own_downlink_fading) * per_row(np.asarray(own_distance, dtype=np.float64)) ** (-alpha / 2))
     c = per_row(theta) / scale
-    if rows.ndim == 2:  # in-phase rows y = Re(e^{-i phi} v), phi = arg f_o: Re(c v) = (c e^{i phi}) y, c e^{i phi} real
+    if rows.ndim == 2:  # in-phase rows y = Re(e^{-i phi} v), phi = arg f_o: Re(c v) = (c e^{i phi}) y, real factor
         coef = (c * np.exp(1j * np.angle(per_row(own_downlink_fading)))).real
         out = rows * coef.astype(np.float32)[:, None]
         out += per_row(mu_mean).astype(np.float32)[:, None]
@@ -594,9 +593,9 @@ def _into_rows(left: np.ndarray, head: np.ndarray, folded_gains, noise_var: floa
     """[R, d] float32 rows = left @ [head; W] (R = left's rows): head [k, d] (payloads, or the edges' interleaved
     signals) and, where folded_gains is given, W iid N(0, 1) [R, d] (standard_normals' values) behind the factor
     left[:, k:] = folded_factor(folded_gains, noise_var, project). By column blocks, the LANES lanes on
-    medium_threads() threads, each block's normals drawn into a cache-sized scratch stacked under its head columns. The factor is lower
-    triangular, so the product goes by blocks of rows, each over only the head and the W rows its block reaches:
-    about half of the W part's multiply-adds (~R^2 / 2 instead of R^2 a column)."""
+    medium_threads() threads, each block's normals drawn into a cache-sized scratch under its head columns. The
+    factor is lower triangular, so the product goes by blocks of rows, each over only the head and the W rows its
+    block reaches: about half of the W part's multiply-adds (~R^2 / 2 instead of R^2 a column)."""
     k, d = head.shape[0], head.shape[-1]
     head = head.reshape(k, d)
     flat = np.empty((left.shape[0], d), dtype=np.float32)

@@ -40,7 +40,7 @@ class Plane:
     psi_mode: str
     beta: float
     receiver: str = "mmse"
-    downlink: str = "in-phase"  # ota.DOWNLINK_FORMS: what a device's downlink row holds
+    downlink: str = "in-phase"  # channel.downlink: what a device's downlink row holds ("in-phase" or "complex")
 
     def row_shape(self, d: int) -> list[int]:
         """The shape of one device's downlink row: [d] (exact means, or the in-phase component), [2, d] (complex)."""
@@ -75,7 +75,8 @@ def _plane(seed: int, ch, edges: int, per_edge: int) -> Plane:
     # but C - 1 of the clusters around an edge are interferers
     psi = ota.psi(ch.psi_mode, ch.lambda_p_per_m2, ch.interferer_devices, params, ch.r0, ch.R)
     beta = ota.downlink_beta(ch.lambda_p_per_m2, params.sigma_d2, params.alpha, ch.r0, params.sigma_dn2, params.P_d)
-    return Plane(top, params, ch.model, seed, rho, psi, ch.psi_mode, beta, ch.receiver, ch.downlink)
+    return Plane(top, params, ch.model, seed, rho, psi, ch.psi_mode, beta, ch.receiver,
+                 ch.downlink)
 
 
 def plane_for(cfg) -> Plane:

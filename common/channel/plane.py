@@ -13,7 +13,7 @@ or 1 (the core sums the C clusters' received signals, digest 2.3 step 5).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -41,6 +41,19 @@ class Plane:
     beta: float
     receiver: str = "mmse"
     downlink: str = "in-phase"  # channel.downlink: what a device's downlink row holds ("in-phase" or "complex")
+    # alive / activity masks per (round, step, air steps): every device of a host asks for the same ones each slot
+    masks: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def cached_mask(self, what: str, round_: int, step: int, phases, compute) -> np.ndarray:
+        """compute() once per (what, round, step, the plan's air steps), kept read-only (the last 256)."""
+        key = (what, round_, step, tuple(air_steps(phases)))
+        mask = self.masks.get(key)
+        if mask is None:
+            if len(self.masks) >= 256:
+                self.masks.clear()
+            mask = self.masks[key] = compute()
+            mask.setflags(write=False)
+        return mask
 
     def row_shape(self, d: int) -> list[int]:
         """The shape of one device's downlink row: [d] (exact means, or the in-phase component), [2, d] (complex)."""
@@ -107,13 +120,16 @@ def alive(plane: Plane, phases, round_: int, step: int) -> np.ndarray:
     """[n_devices] mask of plane devices still in the round at air phase `step`: a collaborating device that
     failed th0 in an earlier air slot of the round sits out the rest of it (digest 2.3 step 7); interferers
     are always alive."""
-    mask = np.ones(plane.topology.n_devices, dtype=bool)
-    collab = plane.collaborating()
-    for s in air_steps(phases):
-        if s >= step:
-            break
-        mask[collab] &= passes_th0(plane, round_, s, collab)
-    return mask
+    def compute():
+        mask = np.ones(plane.topology.n_devices, dtype=bool)
+        collab = plane.collaborating()
+        for s in air_steps(phases):
+            if s >= step:
+                break
+            mask[collab] &= passes_th0(plane, round_, s, collab)
+        return mask
+
+    return plane.cached_mask("alive", round_, step, phases, compute)
 
 
 def listeners(plane: Plane, phases, round_: int, step: int) -> np.ndarray:
@@ -128,8 +144,8 @@ def listeners(plane: Plane, phases, round_: int, step: int) -> np.ndarray:
 def activity(plane: Plane, phases, round_: int, step: int) -> np.ndarray:
     """[n_devices] active mask of air phase `step`: |f|^2 >= th1 among the alive devices, with the empty-cluster
     fallback (paper 003, eq. 15)."""
-    return ota.slot_activity(plane.topology, slot_id(round_, step), plane.seed, plane.params,
-                             alive(plane, phases, round_, step))
+    return plane.cached_mask("activity", round_, step, phases, lambda: ota.slot_activity(
+        plane.topology, slot_id(round_, step), plane.seed, plane.params, alive(plane, phases, round_, step)))
 
 
 def device_estimates(plane: Plane, rows: np.ndarray, devices, round_: int, step: int, n_active, E, sigma_sum,

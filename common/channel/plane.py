@@ -42,7 +42,7 @@ class Plane:
     receiver: str = "mmse"
     downlink: str = "in-phase"  # channel.downlink: what a device's downlink row holds ("in-phase" or "complex")
     # alive / activity masks per (round, step, air steps): every device of a host asks for the same ones each slot
-    masks: dict = field(default_factory=dict, compare=False, repr=False)
+    masks: dict = field(default_factory=dict, init=False, compare=False, repr=False)  # replace() starts a new one
 
     def cached_mask(self, what: str, round_: int, step: int, phases, compute) -> np.ndarray:
         """compute() once per (what, round, step, the plan's air steps), kept read-only (the last 256)."""

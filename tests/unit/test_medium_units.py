@@ -391,3 +391,22 @@ def test_the_summary_labels_the_paper_and_the_corrected_estimator(tmp_path, over
     described = Medium(_cfg(*overrides), tmp_path, dim=64).describe()
     assert described["estimator"].startswith(label)
     assert described["receiver"] == _cfg(*overrides).channel.receiver
+
+
+def test_alive_and_activity_masks_are_computed_once_and_read_only():
+    # every device of a host asks for the same slot's masks: one computation per (round, step), the same answer as
+    # a fresh plane's, not writable (a caller that wrote into it would change every other device's view); a plane
+    # made by dataclasses.replace (other thresholds) starts its own cache
+    cfg = _cfg()
+    plane = air.plane_for(cfg)
+    phases = plans.build_plan(cfg)
+    step = air.air_steps(phases)[-1]
+    first = air.activity(plane, phases, 1, step)
+    assert air.activity(plane, phases, 1, step) is first and not first.flags.writeable
+    with pytest.raises(ValueError):
+        first[0] = not first[0]
+    fresh = dataclasses.replace(plane)
+    assert fresh.masks == {} and np.array_equal(air.activity(fresh, phases, 1, step), first)
+    assert np.array_equal(air.alive(fresh, phases, 1, step), air.alive(plane, phases, 1, step))
+    strict = dataclasses.replace(plane, params=dataclasses.replace(plane.params, th0=0.5, th1=2.0))
+    assert air.activity(strict, phases, 1, step).sum() < first.sum()

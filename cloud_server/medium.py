@@ -58,14 +58,14 @@ class Slot:
 def reply_envelopes(meta: pb.Meta, res, rows: list[int], listen: list[str], psi: float) -> list[pb.Envelope]:
     """What one edge gets back from a slot, split per device: a head (meta and the scalars its devices estimate with)
     and one envelope per listening device with its received row, so the largest message is one row (d x 4 bytes
-    in-phase, 2 x d x 4 complex, on OTA links), whatever the cluster's size M (a whole reply was M x 2 x d x 4). The edge reads them with
-    wire.read_envelopes."""
+    in-phase, 2 x d x 4 complex, on OTA links), whatever the cluster's size M (a whole reply was M x 2 x d x 4).
+    The edge reads them with wire.read_envelopes."""
     head = pb.Envelope(meta=meta)
     if rows:
         first = rows[0]
         head.scalars.update(n_active=float(res.n_active[first]), E=float(res.E[first]),
                             sigma_sum=float(res.sigma_sum[first]), mu_mean=float(res.mu_mean[first]), psi=psi)
-    return [head] + [wire.raw_envelope(res.rows[i], "float32", listen[i]) for i in rows]
+    return [head] + [wire.add_raw(pb.Envelope(), res.rows[i], "float32", listen[i]) for i in rows]
 
 
 def estimator_label(receiver: str, psi_mode: str, exact: bool = False) -> str:

@@ -248,7 +248,7 @@ class AirEdge(DigitalEdge):
             if "train_loss" in c.scalars:
                 ctx.tally.losses.append(c.scalars["train_loss"])
             if c.vec is not None:
-                wire.CODECS.get("float32").fill(emission.tensors.add(), c.vec, n)  # in place: no copy of a message
+                wire.add_raw(emission, c.vec, "float32", n)
                 emission.scalars[f"mu:{n}"] = c.scalars["air_mu"]
                 emission.scalars[f"sigma:{n}"] = c.scalars["air_sigma"]
         chunks = list(wire.chunked(emission, self.ports.chunk_bytes))

@@ -354,17 +354,21 @@ def _forget_pool() -> None:
 os.register_at_fork(after_in_child=_forget_pool)
 
 
+def _default_threads() -> int:
+    return min(4, os.cpu_count() or 1)
+
+
 def medium_threads(n: int | None = None) -> int:
     """Threads that share the medium's column blocks (set once per process: the cloud sets channel.medium_threads;
     0 sets the default: the machine's cores, up to 4, since the devices wait at the slot's barrier). The rows do not
     depend on it."""
     with _POOL_LOCK:
         if n is not None:
-            _POOL["threads"] = int(n) if n > 0 else min(4, os.cpu_count() or 1)
+            _POOL["threads"] = int(n) if n > 0 else _default_threads()
             old = _POOL.pop("executor", None)
             if old is not None:
                 old.shutdown(wait=False)
-        return _POOL.setdefault("threads", min(4, os.cpu_count() or 1))
+        return _POOL.setdefault("threads", _default_threads())
 
 
 def _over_blocks(work, blocks: int) -> None:

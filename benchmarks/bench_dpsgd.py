@@ -71,6 +71,7 @@ import torch
 from hfl.common.models import build, get_flat, init_parameters
 from hfl.common.privacy.per_example import (_bookkeeping_layers, bookkeeping_clipped_sum, dp_sgd,
                                             per_example_gradients)
+from hfl.common.secret_random import dp_draws
 from hfl.device_client.training import local_sgd, make_shard
 
 SHAPES = {"linear": (1, 28, 28), "linear-nobias": (1, 28, 28), "mlp": (1, 28, 28), "mnist-cnn": (1, 28, 28),
@@ -113,22 +114,29 @@ def _median_rates(fns: dict, samples: int, repeats: int, cpu: bool = True) -> tu
 
 
 def bench_training(name: str, batch: int, steps: int, repeats: int, wavelet: bool, cpu: bool = True,
-                   vmap: bool = True) -> tuple[dict, dict]:
+                   vmap: bool = True, mt19937: bool = False) -> tuple[dict, dict]:
     n = batch * 20
     model, w, shard = _setup(name, n)
     gen = torch.Generator().manual_seed(1)
+    draws = dp_draws("secret", 1, "device", 0)  # the device's DP draws: AES-CTR keystream (secret_random)
     q = batch / n
     fns = {
         "plain": lambda: local_sgd(model, w, shard, 0.05, batch, gen, steps=steps),
         # fixed lots of exactly `batch` examples: the same work per step as plain SGD
-        "dp-sgd": lambda: dp_sgd(model, w, shard, 0.05, steps, q, 1.0, 1.0, "gaussian", gen, lot="fixed",
+        "dp-sgd": lambda: dp_sgd(model, w, shard, 0.05, steps, q, 1.0, 1.0, "gaussian", draws, lot="fixed",
                                  grad_method="bookkeeping"),
     }
     if vmap:
-        fns["dp-sgd[vmap]"] = lambda: dp_sgd(model, w, shard, 0.05, steps, q, 1.0, 1.0, "gaussian", gen, lot="fixed",
-                                             grad_method="vmap")
+        fns["dp-sgd[vmap]"] = lambda: dp_sgd(model, w, shard, 0.05, steps, q, 1.0, 1.0, "gaussian", draws,
+                                             lot="fixed", grad_method="vmap")
     if wavelet:
-        fns["dp-sgd-wav"] = lambda: dp_sgd(model, w, shard, 0.05, steps, q, 1.0, 1.0, "wavelet", gen, lot="fixed")
+        fns["dp-sgd-wav"] = lambda: dp_sgd(model, w, shard, 0.05, steps, q, 1.0, 1.0, "wavelet", draws, lot="fixed")
+    if mt19937:  # the same steps with torch's generator as the draws (before the keystream sampler)
+        fns["dp-sgd[mt19937]"] = lambda: dp_sgd(model, w, shard, 0.05, steps, q, 1.0, 1.0, "gaussian", gen,
+                                                lot="fixed", grad_method="bookkeeping")
+        if wavelet:
+            fns["dp-sgd-wav[mt19937]"] = lambda: dp_sgd(model, w, shard, 0.05, steps, q, 1.0, 1.0, "wavelet", gen,
+                                                        lot="fixed")
     return _median_rates(fns, batch * steps, repeats, cpu)
 
 
@@ -185,8 +193,10 @@ def bench_opacus(name: str, batch: int, steps: int, repeats: int, cpu: bool = Tr
         ref = opacus_clipped_sum(model, x, y, 1.0, mode)
         check[mode] = float((ours - ref).abs().max() / ref.abs().max())
     gen = torch.Generator().manual_seed(1)
+    draws = dp_draws("secret", 1, "device", 0)
     fns = {"plain": lambda: local_sgd(model, w, shard, 0.05, batch, gen, steps=steps),
-           "project": lambda: dp_sgd(model, w, shard, 0.05, steps, batch / n, 1.0, 1.0, "gaussian", gen, lot="fixed")}
+           "project": lambda: dp_sgd(model, w, shard, 0.05, steps, batch / n, 1.0, 1.0, "gaussian", draws,
+                                     lot="fixed")}
     for mode in modes:
         module, opt, criterion = _opacus_private(model, batch, 1.0, 1.0, 0.05, mode)
 
@@ -244,6 +254,8 @@ def main() -> None:
     parser.add_argument("--per-example", action="store_true", help="also time per-example gradients: Opacus "
                         "GradSampleModule vs torch.func")
     parser.add_argument("--wall", action="store_true", help="time the wall clock, not this process' CPU time")
+    parser.add_argument("--mt19937", action="store_true", help="also time DP-SGD (and -WAV) drawing lots and noise "
+                        "from torch's mt19937 generator instead of the device's AES-CTR keystream")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (0: leave as is)")
     args = parser.parse_args()
     if args.threads:
@@ -252,7 +264,8 @@ def main() -> None:
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, batch {args.batch}, "
           f"steps {args.steps}, median of {args.repeats}, {'wall' if args.wall else 'CPU'} time")
     for name in args.models:
-        rates, cost = bench_training(name, args.batch, args.steps, args.repeats, args.wavelet, cpu, not args.no_vmap)
+        rates, cost = bench_training(name, args.batch, args.steps, args.repeats, args.wavelet, cpu, not args.no_vmap,
+                                     args.mt19937)
         line = "  ".join(f"{k} {v:.0f}/s" for k, v in rates.items())
         ratios = "  ".join(f"{k} x{v:.2f}" for k, v in cost.items())
         print(f"{name:10s} samples/s: {line}  |  cost vs plain (median paired ratio): {ratios}", flush=True)

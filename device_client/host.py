@@ -20,7 +20,7 @@ from hfl.common.models import build, num_parameters
 from hfl.common.partition import partition
 from hfl.common.pipeline import Link
 from hfl.common.privacy import instructions, on_wire
-from hfl.common.secret_random import dp_numpy_rng, dp_torch_generator
+from hfl.common.secret_random import dp_draws, dp_numpy_rng
 from hfl.common.seeding import numpy_rng, torch_generator
 from hfl.common.upstream import Upstream
 from hfl.proto import hfl_v1_pb2 as pb
@@ -211,7 +211,7 @@ class Device:
                         extra["beta_estimate"] = beta
             elif phase.kind == plans.LOCAL_DP_SGD:
                 # lots and noise drawn afresh per attempt (a repeated draw would cancel between two releases)
-                gen = dp_torch_generator(self.dp_source, self.cfg.run.seed, "device", self.index, task.round, step,
+                gen = dp_draws(self.dp_source, self.cfg.run.seed, "device", self.index, task.round, step,
                                          "dp_sgd", task.attempt)
                 w, loss, rec = await self.trainer.run(local_dp_sgd, w, self.shard, p, noise.get("device-sample", "sample"),
                                                       gen, self.id, task.round, cluster.params.get("clip_scale", 1.0))

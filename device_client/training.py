@@ -72,7 +72,7 @@ def local_sgd(model: nn.Module, w: np.ndarray, shard: Shard, lr: float, batch_si
 
 
 def local_dp_sgd(model: nn.Module, w: np.ndarray, shard: Shard, phase: Mapping[str, float], noise: Instruction | None,
-                 gen: torch.Generator, node: str, round_: int, clip_scale: float = 1.0
+                 gen, node: str, round_: int, clip_scale: float = 1.0
                  ) -> tuple[np.ndarray, float, DpRecord]:
     """A local_dp_sgd phase (plans.local_dp_sgd) with the round plan's device-sample noise instruction: its shape
     (gaussian or wavelet_gaussian), calibration and multiplier select DP-SGD or DP-SGD-WAV

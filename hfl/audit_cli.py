@@ -33,7 +33,7 @@ import time
 
 import numpy as np
 
-from hfl.common.secret_random import dp_numpy_rng, dp_torch_generator
+from hfl.common.secret_random import dp_draws, dp_numpy_rng
 
 LEVELS = ("sample", "aggregator", "by_trust")
 
@@ -89,7 +89,7 @@ def _sample_release(policy, edge, noise, sizes, breaking: float):
     scales = per_example.noise_scales(z, setting.sensitivity, layout) / breaking
 
     def release(rng: np.random.Generator, with_canary: bool, count: int) -> np.ndarray:
-        gen = dp_torch_generator(policy.p.noise_source, policy.cfg.run.seed, "device", 0, 0, "audit")  # the device's
+        gen = dp_draws(policy.p.noise_source, policy.cfg.run.seed, "device", 0, 0, "audit")  # the device's
         total = clipped.repeat(count, 1) if with_canary else torch.zeros(count, clipped.numel())
         return per_example.noisy_sum(total, scales, layout, gen).double().numpy()
 

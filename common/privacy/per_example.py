@@ -28,6 +28,7 @@ from torch.func import functional_call, grad_and_value, vmap
 from torch.nn import functional as F
 
 from hfl.common.models import num_parameters, set_flat
+from hfl.common.secret_random import as_draws
 
 from .optimizers import OPTIMIZERS
 from .wavelet import CALIBRATIONS, SCOPES, WaveletLayout, effective_multiplier
@@ -594,19 +595,19 @@ def compact_scales(layout: WaveletLayout, scales: torch.Tensor) -> list[torch.Te
     return out
 
 
-def wavelet_noise(layout: WaveletLayout, scales, generator: torch.Generator, batch: int) -> list[torch.Tensor]:
+def wavelet_noise(layout: WaveletLayout, scales, generator, batch: int) -> list[torch.Tensor]:
     """IHWT(z)[:P] per layout segment for z_c ~ N(0, scales_c^2) on every coefficient (scales [coeff_length], as
     noise_scales gives, or compact_scales or per_level_scales of them): the coefficients that only reach the padding are
     not drawn (see the comment above)."""
     if isinstance(scales, torch.Tensor):
         scales = compact_scales(layout, scales)
+    draws = as_draws(generator)
     out = []
     for size, m, sc in zip(layout.segments, layout.padded, scales):
         if isinstance(sc, tuple):  # one factor per level (per_level_scales): applied inside the inverse
-            out.append(haar_inverse_prefix(torch.randn(batch, _needed_ends(size, m)[-1], generator=generator), size,
-                                           m, sc))
+            out.append(haar_inverse_prefix(draws.randn(batch, _needed_ends(size, m)[-1]), size, m, sc))
         else:
-            out.append(haar_inverse_prefix(torch.randn(batch, len(sc), generator=generator).mul_(sc), size, m))
+            out.append(haar_inverse_prefix(draws.randn(batch, len(sc)).mul_(sc), size, m))
     return out
 
 
@@ -629,15 +630,15 @@ def noise_scales(noise_multiplier: float, sensitivity: float, layout: WaveletLay
     return noise_multiplier * sensitivity / torch.from_numpy(layout.weights).to(torch.float32)
 
 
-def noisy_sum(total: torch.Tensor, scales, layout: WaveletLayout | None, generator: torch.Generator,
+def noisy_sum(total: torch.Tensor, scales, layout: WaveletLayout | None, generator,
               out: torch.Tensor | None = None) -> torch.Tensor:
     """The lot's release: the clipped sum plus one noise draw, N(0, scales^2) on each coordinate or, with a wavelet
     layout, on each Haar coefficient (IHWT(HWT(total) + noise), computed as total + IHWT(noise)). `scales` as
     noise_scales gives them (or, with a layout, their compact_scales). `total` is [P] or [B, P] (B releases); it is
     updated in place where that saves a copy."""
     if layout is None:
-        noise = torch.randn(total.shape, generator=generator, out=out) if out is not None and out.shape == total.shape \
-            else torch.randn(total.shape, generator=generator)
+        draws = as_draws(generator)
+        noise = draws.randn(out=out) if out is not None and out.shape == total.shape else draws.randn(*total.shape)
         return total.add_(noise.mul_(scales))
     # IHWT(HWT(total) + z) = total + IHWT(z): only the noise is transformed, and only where it reaches [0, P)
     rows = total.reshape(-1, total.shape[-1])
@@ -656,14 +657,14 @@ def _wavelet_plan(sizes: tuple, scope: str, std: float) -> tuple[WaveletLayout, 
     return layout, per_level_scales(layout, compact_scales(layout, noise_scales(std, 1.0, layout)))
 
 
-def draw_lot(n: int, q: float, lot: str, generator: torch.Generator) -> torch.Tensor:
+def draw_lot(n: int, q: float, lot: str, generator) -> torch.Tensor:
     """Indices of one lot: each of the n examples independently with probability q ("poisson", Abadi et
     al.'s lot and the sampling the RDP accountant assumes) or a uniform subset of round(q n) ("fixed")."""
     _check("q (lot sampling rate)", 0 < q <= 1, "in (0, 1]", q)
     _check("lot", lot in LOTS, f"one of {', '.join(LOTS)}", lot)
     if lot == "poisson":
-        return torch.nonzero(torch.rand(n, generator=generator) < q).reshape(-1)
-    return torch.randperm(n, generator=generator)[:fixed_lot_size(n, q)]
+        return torch.nonzero(as_draws(generator).rand(n) < q).reshape(-1)
+    return as_draws(generator).sample(n, fixed_lot_size(n, q))
 
 
 def fixed_lot_size(n: int, q: float) -> int:
@@ -713,7 +714,7 @@ def dp_event(info: dict):
 
 
 def dp_sgd(model: nn.Module, w: np.ndarray, shard, lr: float, steps: int, q: float, clip: float,
-           noise_multiplier: float, mechanism: str, generator: torch.Generator, *, lot: str = "poisson",
+           noise_multiplier: float, mechanism: str, generator, *, lot: str = "poisson",
            calibration: str = "sound", layer_bounds: Sequence[float] | None = None, wavelet_scope: str = "flat",
            physical_batch: int = 256, grad_method: str = "auto", optimizer: str = "sgd"
            ) -> tuple[np.ndarray, float, dict]:
@@ -746,6 +747,7 @@ def dp_sgd(model: nn.Module, w: np.ndarray, shard, lr: float, steps: int, q: flo
     _check("noise_multiplier", math.isfinite(noise_multiplier) and noise_multiplier >= 0, "a finite number >= 0",
            noise_multiplier)
     _check("physical_batch", physical_batch >= 1, "an integer >= 1", physical_batch)
+    generator = as_draws(generator)  # lots and noise: dp_draws' keystream on a device, a torch.Generator in tests
     sizes = layer_sizes(model)
     if layer_bounds is None:
         _check("clip", math.isfinite(clip) and clip > 0, "a finite number > 0", clip)

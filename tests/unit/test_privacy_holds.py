@@ -12,7 +12,7 @@ from hfl.common.config import ConfigError
 from hfl.common.privacy import calibration, instructions, on_wire
 from hfl.common.privacy.events import DpRecord
 from hfl.common.privacy.ledger import lines_to_keep
-from hfl.common.secret_random import dp_numpy_rng, dp_torch_generator
+from hfl.common.secret_random import dp_draws, dp_numpy_rng
 from hfl.common.wire import WireError
 from hfl.cloud_server.privacy_policy import PrivacyPolicy
 
@@ -32,9 +32,12 @@ def test_secret_draws_differ_and_do_not_follow_the_run_seed():
     # still a standard normal: mean and std of 1000 draws within 5 standard errors
     assert abs(a.mean()) < 5 / np.sqrt(1000) and abs(a.std() - 1) < 5 / np.sqrt(2 * 1000)
     import torch
-    t1 = torch.randn(100, generator=dp_torch_generator("secret", 7, "device", 3, 0, "dp_sgd"))
-    t2 = torch.randn(100, generator=dp_torch_generator("secret", 7, "device", 3, 0, "dp_sgd"))
+    t1 = dp_draws("secret", 7, "device", 3, 0, "dp_sgd").randn(100)
+    t2 = dp_draws("secret", 7, "device", 3, 0, "dp_sgd").randn(100)
     assert not torch.equal(t1, t2)
+    s1 = dp_draws("seeded", 7, "device", 3, 0, "dp_sgd").randn(100)
+    assert torch.equal(s1, dp_draws("seeded", 7, "device", 3, 0, "dp_sgd").randn(100))
+    assert not torch.equal(s1, dp_draws("seeded", 7, "device", 3, 1, "dp_sgd").randn(100))
     with pytest.raises(ValueError, match="noise source"):
         dp_numpy_rng("public", 7, "device", 3)
 

@@ -94,16 +94,23 @@ def serve(port_q, cmd_q, mode: str, dim: int, chunk_bytes: int) -> None:
             for chunk in reply:
                 yield chunk
 
-        async def ExchangeOne(self, request, context):
-            envelope, _ = wire.read_chunk(request, 64 << 20)
-            wire.decode_vector(wire.single_tensor(envelope, "delta"), dim)
-            return wire.whole(reply)
+        @rpc.raw_bytes
+        async def ExchangeOne(self, request, context):  # as EdgeServer: the request's bytes, the values read in place
+            envelope, _ = wire.read_raw_chunk(request, 64 << 20)
+            vec = wire.decode_vector(wire.single_tensor(envelope, "delta"), dim)
+            del envelope
+            wire.view_in(vec, request)
+            return wire.whole_bytes(reply)
+
+        async def malformed(self, context):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed")
 
     async def main():
         global reply
         reply = wire.chunked(reply_env, chunk_bytes)  # built once per barrier, as the edge does
         server = grpc.aio.server(options=rpc.message_options(chunk_bytes))
-        pbg.add_EdgeServiceServicer_to_server(Edge(), server)
+        edge = Edge()
+        rpc.add_servicer(pbg.add_EdgeServiceServicer_to_server, edge, server, edge.malformed)
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         port_q.put(port)
@@ -130,7 +137,7 @@ async def client_exchanges(mode: str, port: int, n: int, dim: int, chunk_bytes: 
     cfg = config_mod.load(None, [])
     uplink, downlink = Link.from_config(cfg.pipeline, "uplink"), Link.from_config(cfg.pipeline, "downlink")
     chan = rpc.channel(f"127.0.0.1:{port}", chunk_bytes)
-    stub = pbg.EdgeServiceStub(chan)
+    stub = wire.edge_stub(chan)
     delta = np.random.default_rng(0).normal(size=dim).astype(np.float32)
 
     async def one(i: int) -> None:

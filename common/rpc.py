@@ -132,6 +132,16 @@ class _Capture:
 _MALFORMED = object()
 
 
+def raw_bytes(method):
+    """Marks a unary servicer method that takes its request as the bytes received and returns its reply as the bytes
+    to send (add_servicer registers it without a deserializer or serializer): grpc.aio holds a unary request for the
+    whole call, and a parsed message beside its bytes would be a second copy held while the call waits (an edge's
+    ExchangeOne waits at its barrier); a reply many calls share is serialised once. The method parses the request
+    and refuses what does not parse."""
+    method.raw_bytes = True
+    return method
+
+
 def add_servicer(add_fn, servicer, server: grpc.aio.Server, on_malformed) -> None:
     """Register a servicer like the generated `add_fn` does, but a unary request that does not parse reaches
     `on_malformed(context)` (which refuses it: INVALID_ARGUMENT, counted) instead of failing inside gRPC
@@ -143,6 +153,9 @@ def add_servicer(add_fn, servicer, server: grpc.aio.Server, on_malformed) -> Non
         for name, h in handlers.items():
             if h.request_streaming:
                 guarded[name] = h
+                continue
+            if getattr(h.unary_unary, "raw_bytes", False):
+                guarded[name] = h._replace(request_deserializer=None, response_serializer=None)
                 continue
 
             def safe(data, parse=h.request_deserializer):

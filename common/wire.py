@@ -156,6 +156,92 @@ def read_chunk(chunk: pb.Chunk, max_bytes: int) -> tuple[pb.Envelope, int]:
     return parse_envelope(data), len(data)
 
 
+def read_raw_chunk(raw: bytes, max_bytes: int) -> tuple[pb.Envelope, int]:
+    """read_chunk of a Chunk's bytes as received (a rpc.raw_bytes method's request)."""
+    try:
+        chunk = pb.Chunk.FromString(raw)
+    except Exception:  # noqa: BLE001 - any undecodable request is the peer's fault
+        raise WireError(grpc.StatusCode.INVALID_ARGUMENT, "malformed request: not a valid message", "malformed") \
+            from None
+    return read_chunk(chunk, max_bytes)
+
+
+def _varint(buf: bytes, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = buf[i]
+        value |= (byte & 0x7F) << shift
+        i += 1
+        if byte < 0x80:
+            return value, i
+        shift += 7
+
+
+def _fields(buf: bytes, start: int, end: int) -> Iterator[tuple[int, int, int]]:
+    """(field number, start, end) of each length-delimited field in buf[start:end] (protobuf's wire format); the
+    other wire types are skipped."""
+    i = start
+    while i < end:
+        key, i = _varint(buf, i)
+        kind = key & 7
+        if kind == 2:
+            n, i = _varint(buf, i)
+            yield key >> 3, i, i + n
+            i += n
+        elif kind == 0:
+            i = _varint(buf, i)[1]
+        elif kind in (1, 5):
+            i += 8 if kind == 1 else 4
+        else:
+            raise ValueError(f"wire type {kind}")
+
+
+def tensor_spans(raw: bytes) -> list[tuple[int, int]]:
+    """Where each tensor's data lies in the bytes of a Chunk holding one Envelope: (start, end) in `raw`."""
+    spans = []
+    for number, start, end in _fields(raw, 0, len(raw)):
+        if number != 1:  # Chunk.data: the envelope
+            continue
+        for field, t0, t1 in _fields(raw, start, end):
+            if field == 2:  # Envelope.tensors
+                spans.extend((d0, d1) for n, d0, d1 in _fields(raw, t0, t1) if n == 5)  # Tensor.data
+    return spans
+
+
+def view_in(vec, raw: bytes):
+    """`vec`, or the same values as a read-only view of `raw` (a Chunk's bytes as received) where `vec`'s bytes are a
+    tensor's data verbatim (a float32 upload: decoding copied them out of the request that gRPC holds anyway until the
+    call returns, so an edge would hold both while its barrier waits). The bytes are compared, not assumed."""
+    if not isinstance(vec, np.ndarray) or not raw or not vec.flags.c_contiguous:
+        return vec
+    try:
+        spans = tensor_spans(raw)
+    except (IndexError, ValueError):
+        return vec
+    flat = vec.reshape(-1).view(np.uint8)
+    for start, end in spans:
+        if end - start == vec.nbytes and np.array_equal(np.frombuffer(raw, np.uint8, vec.nbytes, start), flat):
+            return np.frombuffer(raw, vec.dtype, vec.size, start).reshape(vec.shape)
+    return vec
+
+
+_WHOLE: dict[int, tuple[list, bytes]] = {}
+
+
+def whole_bytes(chunks: list[pb.Chunk]) -> bytes:
+    """whole(chunks) serialised: once per list for as long as the list is one of the last four asked for (an edge's
+    barrier reply goes to every member of its cluster; the entry keeps its list, so its id is not reused meanwhile).
+    The lists are never changed after they are built (a barrier's reply)."""
+    hit = _WHOLE.get(id(chunks))
+    if hit is not None and hit[0] is chunks:
+        return hit[1]
+    out = whole(chunks).SerializeToString()
+    if len(_WHOLE) >= 4:
+        del _WHOLE[next(iter(_WHOLE))]
+    _WHOLE[id(chunks)] = (chunks, out)
+    return out
+
+
 def whole(chunks: list[pb.Chunk]) -> pb.Chunk:
     """A chunk stream of one envelope as one Chunk (the reply of a unary exchange)."""
     if len(chunks) == 1:
@@ -170,11 +256,23 @@ async def exchange(stub, envelope: pb.Envelope, chunk_bytes: int, max_bytes: int
 
 
 async def exchange_chunks(stub, chunks: list[pb.Chunk], max_bytes: int, metadata=()) -> pb.Envelope:
-    """exchange() of an upload already cut into chunks; the list is emptied as it is sent, so a caller's reference to
-    it does not keep the upload's bytes while the edge waits for the rest of its cluster."""
+    """exchange() of an upload already cut into chunks, on an edge_stub; the list is emptied as it is sent, so a
+    caller's reference to it does not keep the upload's bytes while the edge waits for the rest of its cluster."""
     if len(chunks) == 1:
-        return read_chunk(await stub.ExchangeOne(chunks.pop(), metadata=metadata), max_bytes)[0]
+        return read_chunk(await stub.ExchangeOne(chunks.pop().SerializeToString(), metadata=metadata), max_bytes)[0]
     return (await read_envelope(stub.Exchange(_drained(chunks), metadata=metadata), max_bytes))[0]
+
+
+def edge_stub(channel):
+    """The generated EdgeService stub with ExchangeOne taking the request already serialised (a Chunk's bytes):
+    grpc.aio holds a unary request until its reply arrives, so a message object beside its bytes is a second copy
+    held while the edge's barrier waits."""
+    from hfl.proto import hfl_v1_pb2_grpc as pbg
+
+    stub = pbg.EdgeServiceStub(channel)
+    stub.ExchangeOne = channel.unary_unary("/hfl.v1.EdgeService/ExchangeOne", request_serializer=None,
+                                           response_deserializer=pb.Chunk.FromString, _registered_method=True)
+    return stub
 
 
 def _drained(chunks: list[pb.Chunk]) -> Iterator[pb.Chunk]:

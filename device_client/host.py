@@ -242,6 +242,11 @@ class Device:
                 dp, sample_dp = dp + sample_dp, []
                 upload = self._upload(task, step, "delta", delta, scalars, dp, encode)
                 del delta
+                # while the edge waits for the rest of the cluster, hold no model the round will not read again: the
+                # reply's model replaces both, or the round ends here (a failed exchange restarts from a fetch)
+                start = anchor = None
+                if plans.downlink_after(task.phases, step) or not self.mode.keeps_model:
+                    w = None
                 reply = await self._send(upload)
                 if plans.downlink_after(task.phases, step):
                     w, _ = self.downlink.receive(wire.single_tensor(reply, "model"), dim, self.cfg.run.seed, self.index,
@@ -330,7 +335,7 @@ class DeviceHost:
             devices = []
             for node in ids:
                 address, reply = home[node]
-                link = Upstream(node, address, message, pbg.EdgeServiceStub, self.identity.for_device(node),
+                link = Upstream(node, address, message, wire.edge_stub, self.identity.for_device(node),
                                 self.identity.override_host)
                 device = Device(node, cfg, reply.run_id, shards.pop(node), trainer, link, dim, reply.cluster_id)
                 device.rejoin = reply.round >= 0  # the run is under way: this host restarted

@@ -34,6 +34,7 @@ class DevicePorts:
 
 class DigitalDevice:
     phases: tuple[str, ...] = ()  # the mode's own phase kinds, run by run_phase
+    keeps_model = False  # end_round reads the round's final model (else the host drops it while its upload waits)
 
     def __init__(self, ports: DevicePorts):
         self.ports = ports
@@ -97,6 +98,8 @@ class AirDevice(DigitalDevice):
         from hfl.common.channel import plane as air
 
         return bool(air.listeners(self.plane, task.phases, task.round, step)[self.ports.index])
+
+    keeps_model = True
 
     def end_round(self, w):
         self.own_w = w

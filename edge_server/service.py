@@ -183,16 +183,19 @@ class EdgeServer(Gate, pbg.EdgeServiceServicer):
             yield chunk
         self.bytes_down += size
 
-    async def ExchangeOne(self, request: pb.Chunk, context) -> pb.Chunk:
+    @rpc.raw_bytes
+    async def ExchangeOne(self, request: bytes, context) -> bytes:
         async def read():
-            return wire.read_chunk(request, self.max_bytes)
+            return wire.read_raw_chunk(request, self.max_bytes)
 
-        chunks, size = await self._exchange(read, context)
+        chunks, size = await self._exchange(read, context, request)
         self.bytes_down += size
-        return wire.whole(chunks)
+        return wire.whole_bytes(chunks)
 
-    async def _exchange(self, read, context) -> tuple[list[pb.Chunk], int]:
-        """One upload (`read()` awaits its envelope and size) and, once its barrier is released, the reply's chunks."""
+    async def _exchange(self, read, context, received: bytes = b"") -> tuple[list[pb.Chunk], int]:
+        """One upload (`read()` awaits its envelope and size) and, once its barrier is released, the reply's chunks.
+        `received`: a unary call's request bytes, which gRPC holds until the call returns: the upload's values are
+        read in place from them rather than kept in a copy (wire.view_in)."""
         # A refused message changes nothing, not even for the member it claims to come from: it may still
         # send a valid upload. (A device whose own upload is refused sits the round out; the barrier stops
         # waiting for it after net.phase_timeout_s.)
@@ -212,6 +215,7 @@ class EdgeServer(Gate, pbg.EdgeServiceServicer):
                 self.book.refusal(node)
             await refuse(context, self.refusals, exc)
         del envelope  # decoded into the contribution: not held while the rest of the cluster uploads
+        contribution.vec = wire.view_in(contribution.vec, received)
         self.bytes_up += size
         self.book.uploaded(node)
         barrier.contributions[node] = contribution

@@ -132,9 +132,36 @@ class _Edge(pbg.EdgeServiceServicer):
         for chunk in self.reply((await wire.read_envelope(request_iterator, 1 << 20))[0]):
             yield chunk
 
+    @rpc.raw_bytes
     async def ExchangeOne(self, request, context):
         self.calls.append("ExchangeOne")
-        return wire.whole(self.reply(wire.read_chunk(request, 1 << 20)[0]))
+        assert isinstance(request, bytes)  # the request as received: no parsed copy beside it
+        try:
+            envelope = wire.read_raw_chunk(request, 1 << 20)[0]
+        except wire.WireError as exc:  # as the edge refuses it (service_base.refuse)
+            await context.abort(exc.code, str(exc))
+        return wire.whole_bytes(self.reply(envelope))
+
+    async def malformed(self, context):
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed")
+
+
+async def _with_edge(call):
+    """(the _Edge, call(stub)) with the _Edge served on a real grpc.aio server as EdgeServer registers it and the
+    stub a device host uses (wire.edge_stub)."""
+    edge = _Edge()
+    server = grpc.aio.server(options=rpc.message_options(5000))
+    rpc.add_servicer(pbg.add_EdgeServiceServicer_to_server, edge, server, edge.malformed)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        chan = rpc.channel(f"127.0.0.1:{port}", 1 << 20)
+        try:
+            return edge, await call(wire.edge_stub(chan))
+        finally:
+            await chan.close()
+    finally:
+        await server.stop(0)
 
 
 @pytest.mark.parametrize("n, call", [(1000, "ExchangeOne"), (3000, "Exchange")])
@@ -144,22 +171,52 @@ def test_exchange_sends_one_chunk_in_one_call_and_gets_the_same_tensors(n, call)
     v = vec(n, seed=n)
     env = pb.Envelope(meta=pb.Meta(round=4, sender_id="dev-00002"), tensors=[wire.encode(v, "float32", "delta")])
 
-    async def main():
-        edge = _Edge()
-        server = grpc.aio.server(options=rpc.message_options(5000))
-        pbg.add_EdgeServiceServicer_to_server(edge, server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        try:
-            chan = rpc.channel(f"127.0.0.1:{port}", 1 << 20)
-            chunks = wire.chunked(env, 5000)
-            reply = await wire.exchange_chunks(pbg.EdgeServiceStub(chan), chunks, 1 << 20)
-            await chan.close()
-        finally:
-            await server.stop(0)
-        return edge.calls, reply, chunks
-
-    calls, reply, chunks = asyncio.run(main())
+    chunks = wire.chunked(env, 5000)
+    edge, reply = asyncio.run(_with_edge(lambda stub: wire.exchange_chunks(stub, chunks, 1 << 20)))
+    calls = edge.calls
     assert calls == [call] and reply.meta == env.meta
     assert chunks == []  # sent chunks leave the caller's list: a device does not hold its upload while its edge waits
     assert wire.decode_vector(wire.single_tensor(reply, "model"), n).tobytes() == (v + np.float32(1)).tobytes()
+
+
+def test_tensor_spans_find_each_tensors_bytes_in_a_chunk():
+    a, b = vec(300, seed=1), vec(7, seed=2)
+    env = pb.Envelope(meta=pb.Meta(round=3, sender_id="dev-00001", transforms=[pb.Transform(stage="encode")]),
+                      tensors=[wire.encode(a, "float32", "delta"), wire.encode(b, "float16", "extra")],
+                      scalars={"train_loss": 0.5})
+    raw = pb.Chunk(data=env.SerializeToString(), end=True).SerializeToString()
+    spans = wire.tensor_spans(raw)
+    assert [raw[s:e] for s, e in spans] == [t.data for t in env.tensors]
+
+
+def test_view_in_reads_an_upload_in_place_from_the_request_and_only_where_the_bytes_match():
+    v = vec(1000, seed=3)
+    env = pb.Envelope(meta=pb.Meta(sender_id="dev-00001"), tensors=[wire.encode(v, "float32", "delta")])
+    raw = pb.Chunk(data=env.SerializeToString()).SerializeToString()
+    decoded = wire.decode_vector(pb.Envelope.FromString(pb.Chunk.FromString(raw).data).tensors[0], 1000)
+    seen = wire.view_in(decoded, raw)
+    assert np.shares_memory(seen, np.frombuffer(raw, np.uint8)) and seen.tobytes() == v.tobytes()
+    assert not seen.flags.writeable  # nothing may write into the request's bytes
+    other = decoded + np.float32(1)  # same length, other values: kept as it is
+    assert wire.view_in(other, raw) is other
+    half = wire.decode_vector(wire.encode(v, "float16", "delta"), 1000)  # float16 on the wire: no verbatim bytes
+    assert wire.view_in(half, raw) is half
+    assert wire.view_in(decoded, b"\xff\xff") is decoded and wire.view_in(None, raw) is None  # unreadable, nothing
+
+
+def test_a_raw_bytes_method_gets_the_request_as_received_and_refuses_what_does_not_parse():
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        asyncio.run(_with_edge(lambda stub: stub.ExchangeOne(b"\x0a\xff\xff")))  # a length past the end
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_whole_bytes_serialises_a_shared_reply_once_and_a_new_list_afresh():
+    a = wire.chunked(pb.Envelope(meta=pb.Meta(round=1)), 5000)
+    first = wire.whole_bytes(a)
+    assert wire.whole_bytes(a) is first and pb.Chunk.FromString(first) == wire.whole(a)
+    b = wire.chunked(pb.Envelope(meta=pb.Meta(round=2)), 5000)
+    assert pb.Chunk.FromString(wire.whole_bytes(b)) == wire.whole(b)
+    for i in range(5):  # pushed out by four newer lists: serialised again, the same bytes
+        wire.whole_bytes(wire.chunked(pb.Envelope(meta=pb.Meta(round=10 + i)), 5000))
+    again = wire.whole_bytes(a)
+    assert again is not first and again == first

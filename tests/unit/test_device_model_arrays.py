@@ -44,3 +44,20 @@ def test_a_rounds_functions_leave_the_model_they_start_from_unchanged(setup, nam
     if isinstance(out, np.ndarray):
         assert not np.shares_memory(out, w)
         assert not np.array_equal(out, w0)  # it did compute something from it
+
+
+def test_a_hosts_devices_share_one_array_for_a_model_they_received_alike():
+    """Trainer.shared: a model equal to one received before (any of the last 16) is that array; a different one, even
+    with the same first values, is kept as it came; the host holds at most 16."""
+    from hfl.device_client.host import Trainer
+
+    trainer = Trainer(None, None)
+    w = np.arange(1000, dtype=np.float32)
+    first = trainer.shared(w.copy())
+    assert trainer.shared(w.copy()) is first
+    tail = w.copy()
+    tail[-1] += 1  # the same first 64 values, another model
+    assert trainer.shared(tail) is not first and trainer.shared(tail.copy()) is not first
+    for i in range(20):
+        trainer.shared(w + np.float32(i + 1))
+    assert len(trainer.received) == 16 and trainer.shared(w.copy()) is not first  # pushed out: kept as it came

@@ -157,13 +157,19 @@ def read_chunk(chunk: pb.Chunk, max_bytes: int) -> tuple[pb.Envelope, int]:
 
 
 def read_raw_chunk(raw: bytes, max_bytes: int) -> tuple[pb.Envelope, int]:
-    """read_chunk of a Chunk's bytes as received (a rpc.raw_bytes method's request)."""
+    """read_chunk of a Chunk's bytes as received (a rpc.raw_bytes method's request, an edge_stub's ExchangeOne reply):
+    the envelope is parsed from its span of `raw`, with no Chunk and no copy of its data in between."""
+    start = end = 0
     try:
-        chunk = pb.Chunk.FromString(raw)
-    except Exception:  # noqa: BLE001 - any undecodable request is the peer's fault
+        for number, s, e in _fields(raw, 0, len(raw)):
+            if number == 1:  # Chunk.data (the last one, as a parser keeps it)
+                start, end = s, e
+    except (IndexError, ValueError):
         raise WireError(grpc.StatusCode.INVALID_ARGUMENT, "malformed request: not a valid message", "malformed") \
             from None
-    return read_chunk(chunk, max_bytes)
+    if end - start > max_bytes:
+        raise WireError(grpc.StatusCode.RESOURCE_EXHAUSTED, f"payload exceeds the {max_bytes} byte limit", "oversized")
+    return parse_envelope(memoryview(raw)[start:end]), end - start
 
 
 def _varint(buf: bytes, i: int) -> tuple[int, int]:
@@ -186,6 +192,8 @@ def _fields(buf: bytes, start: int, end: int) -> Iterator[tuple[int, int, int]]:
         kind = key & 7
         if kind == 2:
             n, i = _varint(buf, i)
+            if i + n > end:
+                raise ValueError("a field runs past the end")
             yield key >> 3, i, i + n
             i += n
         elif kind == 0:
@@ -194,6 +202,8 @@ def _fields(buf: bytes, start: int, end: int) -> Iterator[tuple[int, int, int]]:
             i += 8 if kind == 1 else 4
         else:
             raise ValueError(f"wire type {kind}")
+    if i > end:
+        raise ValueError("a field runs past the end")
 
 
 def tensor_spans(raw: bytes) -> list[tuple[int, int]]:
@@ -259,19 +269,19 @@ async def exchange_chunks(stub, chunks: list[pb.Chunk], max_bytes: int, metadata
     """exchange() of an upload already cut into chunks, on an edge_stub; the list is emptied as it is sent, so a
     caller's reference to it does not keep the upload's bytes while the edge waits for the rest of its cluster."""
     if len(chunks) == 1:
-        return read_chunk(await stub.ExchangeOne(chunks.pop().SerializeToString(), metadata=metadata), max_bytes)[0]
+        return read_raw_chunk(await stub.ExchangeOne(chunks.pop().SerializeToString(), metadata=metadata),
+                              max_bytes)[0]
     return (await read_envelope(stub.Exchange(_drained(chunks), metadata=metadata), max_bytes))[0]
 
 
 def edge_stub(channel):
-    """The generated EdgeService stub with ExchangeOne taking the request already serialised (a Chunk's bytes):
-    grpc.aio holds a unary request until its reply arrives, so a message object beside its bytes is a second copy
-    held while the edge's barrier waits."""
+    """The generated EdgeService stub with ExchangeOne taking the request already serialised (a Chunk's bytes) and
+    giving its reply as received (read_raw_chunk): grpc.aio holds a unary request until its reply arrives, so a message
+    object beside its bytes is a second copy held while the edge's barrier waits."""
     from hfl.proto import hfl_v1_pb2_grpc as pbg
 
     stub = pbg.EdgeServiceStub(channel)
-    stub.ExchangeOne = channel.unary_unary("/hfl.v1.EdgeService/ExchangeOne", request_serializer=None,
-                                           response_deserializer=pb.Chunk.FromString, _registered_method=True)
+    stub.ExchangeOne = channel.unary_unary("/hfl.v1.EdgeService/ExchangeOne", _registered_method=True)
     return stub
 
 

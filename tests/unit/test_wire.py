@@ -210,6 +210,19 @@ def test_a_raw_bytes_method_gets_the_request_as_received_and_refuses_what_does_n
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
+def test_read_raw_chunk_reads_what_read_chunk_reads_and_refuses_the_same():
+    env = pb.Envelope(meta=pb.Meta(round=2, sender_id="dev-00003"), tensors=[wire.encode(vec(500), "float32", "delta")])
+    chunk = pb.Chunk(data=env.SerializeToString(), end=True)
+    raw = chunk.SerializeToString()
+    assert wire.read_raw_chunk(raw, 1 << 20) == wire.read_chunk(chunk, 1 << 20)
+    assert wire.read_raw_chunk(b"", 10)[0] == pb.Envelope()  # an empty chunk: an empty envelope, as the parser reads
+    with pytest.raises(wire.WireError, match="byte limit"):
+        wire.read_raw_chunk(raw, 100)
+    for bad in (raw[:-1], b"\x0a\xff\xff", raw + b"\x0b", b"\x0a\x02\xff\xff"):  # truncated, a group, not an envelope
+        with pytest.raises(wire.WireError, match="malformed"):
+            wire.read_raw_chunk(bad, 1 << 20)
+
+
 def test_whole_bytes_serialises_a_shared_reply_once_and_a_new_list_afresh():
     a = wire.chunked(pb.Envelope(meta=pb.Meta(round=1)), 5000)
     first = wire.whole_bytes(a)

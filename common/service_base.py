@@ -38,8 +38,9 @@ class Refusals:
 
 
 class RoundBoard:
-    """The current round task, serialised once and streamed to every child that long-polls for it; the children
-    `idle` this round (not drawn) get it without its tensors, which they would not read."""
+    """The current round task, serialised once and streamed to every child that long-polls for it. The children `idle`
+    in a round (not drawn) are not sent it: they go on waiting for the next round that draws them, or the end (100
+    devices of which 10 are drawn a round made 90 calls a round for a task they only read to sit out)."""
 
     def __init__(self) -> None:
         self.round = -1
@@ -48,39 +49,27 @@ class RoundBoard:
         self.chunks: list[pb.Chunk] = []
         self.size = 0
         self.idle: frozenset[str] = frozenset()
-        self.idle_chunks: list[pb.Chunk] = []
-        self.idle_size = 0
         self.fetched: dict[int, set[str]] = collections.defaultdict(set)
         self._cond = asyncio.Condition()
 
     async def publish(self, round_: int, envelope: pb.Envelope, chunk_bytes: int, attempt: int = 0,
                       idle: Iterable[str] = ()) -> None:
         payload = envelope.SerializeToString()
-        idle = frozenset(idle)
-        bare = b""
-        if idle:
-            stripped = pb.Envelope()
-            stripped.CopyFrom(envelope)
-            stripped.ClearField("tensors")
-            bare = stripped.SerializeToString()
         async with self._cond:
             self.round = round_
             self.attempt = attempt
             self.finished = envelope.task.finished
             self.chunks = list(wire.to_chunks(payload, chunk_bytes))
             self.size = len(payload)
-            self.idle = idle
-            self.idle_chunks = list(wire.to_chunks(bare, chunk_bytes)) if idle else []
-            self.idle_size = len(bare)
+            self.idle = frozenset(idle)
             self._cond.notify_all()
 
     async def wait_after(self, after: int, after_attempt: int = 0, node: str = "") -> tuple[int, list[pb.Chunk], int]:
-        """The first task later than (after, after_attempt) for `node`: a new round, or a restart of the same one."""
+        """The first task later than (after, after_attempt) that draws `node` (a new round, or a restart of the same
+        one), or the final task."""
         async with self._cond:
-            await self._cond.wait_for(lambda: (self.round, self.attempt) > (after, after_attempt)
-                                      or (self.finished and self.round >= 0))
-            if node in self.idle:
-                return self.round, self.idle_chunks, self.idle_size
+            await self._cond.wait_for(lambda: (self.finished and self.round >= 0) or (
+                (self.round, self.attempt) > (after, after_attempt) and node not in self.idle))
             return self.round, self.chunks, self.size
 
     async def wait_fetched(self, round_: int, members: set[str], timeout: float) -> set[str]:

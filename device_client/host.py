@@ -154,6 +154,8 @@ class Device:
                 if task.finished:
                     await self.link.close()
                     return "finished"
+                if 0 <= after[0] < task.round - 1:  # rounds that did not draw this device (its edge sends it none)
+                    self.mode.end_round(None)
                 after = (task.round, task.attempt)
                 await self._round(task, fetched)
                 self.rounds_done += 1

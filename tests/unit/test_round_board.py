@@ -20,18 +20,25 @@ def fetched(chunks) -> pb.Envelope:
     return wire.read_envelope_sync(iter(chunks))[0]
 
 
-def test_children_not_drawn_get_the_task_without_its_tensors():
+def test_children_not_drawn_are_not_sent_the_round_but_the_next_that_draws_them_and_the_end():
     async def go():
         board = RoundBoard()
         sent = envelope(2)
         await board.publish(2, sent, 64 << 10, idle={"dev-00001"})
         r, chunks, size = await board.wait_after(1, 0, "dev-00000")
         assert r == 2 and fetched(chunks) == sent and size == sent.ByteSize() == board.size and len(chunks) > 1
-        r, chunks, size = await board.wait_after(1, 0, "dev-00001")
-        idle = fetched(chunks)
-        assert r == 2 and not idle.tensors and idle.task == sent.task and idle.meta == sent.meta
-        assert size == idle.ByteSize() < 1000 and len(chunks) == 1
+        waiting = asyncio.create_task(board.wait_after(1, 0, "dev-00001"))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()  # not drawn in round 2: nothing to fetch
         await board.publish(3, envelope(3), 64 << 10)  # the next round draws everyone
-        r, chunks, _ = await board.wait_after(2, 0, "dev-00001")
+        r, chunks, _ = await asyncio.wait_for(waiting, 1)
         assert r == 3 and len(fetched(chunks).tensors) == 1
+        await board.publish(4, envelope(4), 64 << 10, idle={"dev-00001"})
+        waiting = asyncio.create_task(board.wait_after(3, 0, "dev-00001"))
+        final = pb.Envelope(meta=pb.Meta(run_id="r", round=5), task=pb.RoundTask(round=5, finished=True))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        await board.publish(5, final, 64 << 10, idle={"dev-00001"})  # the end reaches everyone
+        r, chunks, _ = await asyncio.wait_for(waiting, 1)
+        assert r == 5 and fetched(chunks).task.finished
     asyncio.run(go())

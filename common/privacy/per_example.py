@@ -158,8 +158,7 @@ def _bookkeeping_parts(model: nn.Module, params: dict[str, torch.Tensor], x: tor
                 sq[name + ".bias"] = d2
                 parts[name + ".bias"] = ("rows", d)
         else:
-            u = F.unfold(a, m.kernel_size, dilation=m.dilation, padding=m.padding, stride=m.stride)
-            g = torch.bmm(d.flatten(2), u.transpose(1, 2))  # [B, out, in k k]
+            g = conv_example_grads(m, a, d)  # [B, out, in k k]
             sq[name + ".weight"] = g.square().sum((1, 2))
             parts[name + ".weight"] = ("rows", g.flatten(1))
             if m.bias is not None:
@@ -171,6 +170,19 @@ def _bookkeeping_parts(model: nn.Module, params: dict[str, torch.Tensor], x: tor
     return sq, parts, losses.detach()
 
 
+def conv_example_grads(m: nn.Conv2d, a: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """Per-example weight gradients [B, out, in k k] of a plain Conv2d (groups 1, zero padding given as numbers: the
+    layers _bookkeeping_layers admits) from its input `a` and the gradient `d` at its output: one convolution
+    backward with the batch as groups, example i's gradient being group i's (Opacus unfolds the input and forms
+    d_i U_i^T instead: 2.9x the CPU on mnist-cnn's second layer, 1.3x on its first, one thread)."""
+    b, o = a.shape[0], m.out_channels
+    shape = (b * o, *m.weight.shape[1:])  # the weight the grouped backward has: only its shape is read
+    g = torch.ops.aten.convolution_backward(
+        d.reshape(1, b * o, *d.shape[2:]), a.reshape(1, -1, *a.shape[2:]), m.weight.detach().new_empty(shape), None,
+        list(m.stride), list(m.padding), list(m.dilation), False, [0, 0], b, [False, True, False])[1]
+    return g.reshape(b, o, -1)
+
+
 def bookkeeping_clipped_sum(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
                             bounds: torch.Tensor, per_layer: bool, layers: list[tuple[str, nn.Module]],
                             layout: WaveletLayout | None = None, calibration: str = "sound"
@@ -180,7 +192,7 @@ def bookkeeping_clipped_sum(model: nn.Module, params: dict[str, torch.Tensor], x
     Book-keeping / ghost norms (Goodfellow 2015; Li et al. 2022; Bu et al. 2023): with a_i a layer's input
     and d_i the gradient of example i's loss at the layer's output, a Linear layer's per-example weight
     gradient is d_i a_i^T, so ||.||^2 = ||d_i||^2 ||a_i||^2, and the clipped sum is (s (.) d)^T a. Conv2d
-    gradients d_i U_i^T (U = unfolded input) are formed per example, as Opacus does; they are small here.
+    gradients are formed per example (conv_example_grads); they are small here.
     With a wavelet `layout` the norms are those of the Haar coefficients the calibration clips (wavelet_part_norms,
     still without [B, P]); the HWT is linear, so the clipped sum is the same gradient-domain sum.
     Returns (flat clipped sum [P] in parameter order, per-example losses [B], norms [B, segments])."""

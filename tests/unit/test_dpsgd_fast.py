@@ -182,3 +182,20 @@ def test_noise_scaled_inside_the_inverse_equals_scaled_draws(scope):
     uneven = [c.clone() for c in compact]
     uneven[-1][5] *= 2.0  # inside d(1)
     assert isinstance(per_level_scales(layout, uneven)[-1], torch.Tensor)
+
+
+@pytest.mark.parametrize("kw", [dict(kernel_size=5, padding=2), dict(kernel_size=3, stride=2),
+                                dict(kernel_size=(3, 2), stride=(2, 1), padding=(1, 0), dilation=(1, 2), bias=False)])
+def test_conv_example_grads_are_each_examples_own_weight_gradient(kw):
+    """The grouped backward against autograd on each example alone (fixed seed; float32 sums in another order:
+    within 1e-5 of the largest entry)."""
+    from hfl.common.privacy.per_example import conv_example_grads
+
+    torch.manual_seed(0)
+    m = nn.Conv2d(4, 6, **kw)
+    a = torch.randn(5, 4, 11, 9)
+    d = torch.randn_like(m(a))
+    want = torch.stack([torch.autograd.grad((m(a[i:i + 1]) * d[i:i + 1]).sum(), m.weight)[0].reshape(6, -1)
+                        for i in range(5)])
+    got = conv_example_grads(m, a, d)
+    assert got.shape == want.shape and float((got - want).abs().max()) <= 1e-5 * float(want.abs().max())

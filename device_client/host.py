@@ -232,8 +232,8 @@ class Device:
                         extra["beta_estimate"] = beta
             elif phase.kind == plans.LOCAL_DP_SGD:
                 # lots and noise drawn afresh per attempt (a repeated draw would cancel between two releases)
-                gen = dp_draws(self.dp_source, self.cfg.run.seed, "device", self.index, task.round, step,
-                                         "dp_sgd", task.attempt)
+                gen = dp_draws(self.dp_source, self.cfg.run.seed, "device", self.index, task.round, step, "dp_sgd",
+                               task.attempt)
                 w, loss, rec = await self.trainer.run(local_dp_sgd, w, self.shard, p, noise.get("device-sample", "sample"),
                                                       gen, self.id, task.round, cluster.params.get("clip_scale", 1.0))
                 if np.isfinite(loss):

@@ -88,3 +88,19 @@ def test_dp_sgd_replays_seeded_draws_and_not_secret_ones():
     secret = _dp_run(dp_draws("secret", 3, "device", 1, 2, "dp_sgd"))
     assert not np.array_equal(secret, _dp_run(dp_draws("secret", 3, "device", 1, 2, "dp_sgd")))
     assert not np.array_equal(secret, seeded)
+
+
+def test_dp_sgd_draws_each_steps_noise_afresh_when_it_draws_several_steps_at_once():
+    """Noise-only steps (lots of rate 1e-9 are empty; lr = the expected lot, so a step moves theta by -noise): the
+    linear model's 8 steps come from one block of 8 rows (per_example.NOISE_BLOCK), and their sum has variance 8 per
+    coordinate (sigma S = 1), within 5 standard errors (8 sqrt(2 / 7850)); rows repeated would give 64."""
+    assert per_example.NOISE_BLOCK // 7850 >= 8
+    model = build("linear", (1, 28, 28), 10)
+    init_parameters(model, torch.Generator().manual_seed(0))
+    rng = np.random.default_rng(0)
+    shard = make_shard(rng.integers(0, 256, (64, 1, 28, 28), dtype=np.uint8), rng.integers(0, 10, 64), [0.5], [0.25])
+    w0 = get_flat(model)
+    q = 1e-9
+    w, _, _ = per_example.dp_sgd(model, w0, shard, q * 64, 8, q, 1.0, 1.0, "gaussian", CipherDraws(KEY), lot="poisson")
+    moved = (w.astype(np.float64) - w0)
+    assert abs(moved.var() - 8) < 5 * 8 * math.sqrt(2 / moved.size)

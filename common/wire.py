@@ -159,11 +159,8 @@ def read_chunk(chunk: pb.Chunk, max_bytes: int) -> tuple[pb.Envelope, int]:
 def read_raw_chunk(raw: bytes, max_bytes: int) -> tuple[pb.Envelope, int]:
     """read_chunk of a Chunk's bytes as received (a rpc.raw_bytes method's request, an edge_stub's ExchangeOne reply):
     the envelope is parsed from its span of `raw`, with no Chunk and no copy of its data in between."""
-    start = end = 0
     try:
-        for number, s, e in _fields(raw, 0, len(raw)):
-            if number == 1:  # Chunk.data (the last one, as a parser keeps it)
-                start, end = s, e
+        start, end = _envelope_span(raw)
     except (IndexError, ValueError):
         raise WireError(grpc.StatusCode.INVALID_ARGUMENT, "malformed request: not a valid message", "malformed") \
             from None
@@ -206,16 +203,20 @@ def _fields(buf: bytes, start: int, end: int) -> Iterator[tuple[int, int, int]]:
         raise ValueError("a field runs past the end")
 
 
+def _envelope_span(raw: bytes) -> tuple[int, int]:
+    """(start, end) of the envelope in a Chunk's bytes: its data field, the last one as a parser keeps it."""
+    start = end = 0
+    for number, s, e in _fields(raw, 0, len(raw)):
+        if number == 1:  # Chunk.data
+            start, end = s, e
+    return start, end
+
+
 def tensor_spans(raw: bytes) -> list[tuple[int, int]]:
     """Where each tensor's data lies in the bytes of a Chunk holding one Envelope: (start, end) in `raw`."""
-    spans = []
-    for number, start, end in _fields(raw, 0, len(raw)):
-        if number != 1:  # Chunk.data: the envelope
-            continue
-        for field, t0, t1 in _fields(raw, start, end):
-            if field == 2:  # Envelope.tensors
-                spans.extend((d0, d1) for n, d0, d1 in _fields(raw, t0, t1) if n == 5)  # Tensor.data
-    return spans
+    start, end = _envelope_span(raw)
+    return [(d0, d1) for field, t0, t1 in _fields(raw, start, end) if field == 2  # Envelope.tensors
+            for n, d0, d1 in _fields(raw, t0, t1) if n == 5]  # Tensor.data
 
 
 def view_in(vec, raw: bytes):

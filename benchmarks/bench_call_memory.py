@@ -122,7 +122,7 @@ async def client(kind: str, calls: int, params: int, certs: str | None) -> dict:
         chunks = wire.chunked(envelope, 1 << 24)
         if kind == "raw":
             stub = wire.edge_stub(chan)
-            stub.ExchangeOne = chan.unary_unary(SERVICE + "ExchangeRaw", response_deserializer=pb.Chunk.FromString)
+            stub.ExchangeOne = chan.unary_unary(SERVICE + "ExchangeRaw")
             return await wire.exchange_chunks(stub, chunks, 1 << 26)
         if kind == "unary":
             call = chan.unary_unary(SERVICE + "ExchangeOne", request_serializer=pb.Chunk.SerializeToString,

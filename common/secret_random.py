@@ -63,16 +63,17 @@ _LOG_2_32 = np.float32(32 * math.log(2))
 _SQRT2 = np.float32(math.sqrt(2))
 
 
-def box_muller(first: np.ndarray, second: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """Standard normals from pairs of uint32 words (Box & Muller 1958): r = sqrt(-2 ln u1), u1 = (a + 1) 2^-32 in
-    (0, 1], theta = 2 pi b 2^-32; out[:k] = r cos theta, out[k:] = r sin theta for the first len(out) - k pairs
-    (k = len(first) = ceil(len(out) / 2)). float32 throughout (log1p of a uint32 rounds a + 1 to 24 significant bits,
-    which moves ln u1 by at most 2^-24 relative); nine numpy calls, as few as the formula allows."""
+def box_muller(first: np.ndarray, second: np.ndarray, out: np.ndarray, scale: float = 1.0) -> np.ndarray:
+    """Normals N(0, scale^2) from pairs of uint32 words (Box & Muller 1958): r = sqrt(-2 ln u1), u1 = (a + 1) 2^-32 in
+    (0, 1], theta = 2 pi b 2^-32; out[:k] = scale r cos theta, out[k:] = scale r sin theta for the first len(out) - k
+    pairs (k = len(first) = ceil(len(out) / 2)). float32 throughout (log1p of a uint32 rounds a + 1 to 24 significant
+    bits, which moves ln u1 by at most 2^-24 relative); nine numpy calls, as few as the formula allows (the scale
+    rides on sqrt 2's)."""
     k = len(first)
     r = np.log1p(first, dtype=np.float32)
     np.subtract(_LOG_2_32, r, out=r)  # -ln u1 = 32 ln 2 - ln(a + 1)
     np.sqrt(r, out=r)
-    r *= _SQRT2
+    r *= _SQRT2 if scale == 1.0 else np.float32(math.sqrt(2) * scale)
     theta = np.multiply(second, _ANGLE, dtype=np.float32)
     np.cos(theta, out=out[:k])
     out[:k] *= r
@@ -101,8 +102,8 @@ class CipherDraws:
         self._stream.update_into(memoryview(self._zeros)[:size], self._scratch)
         return np.frombuffer(self._scratch, dtype, count=n)
 
-    def randn(self, *shape: int, out=None):
-        """Standard normals of `shape` (or into the float32 tensor `out`, which gives the shape)."""
+    def randn(self, *shape: int, out=None, scale: float = 1.0):
+        """Normals N(0, scale^2) of `shape` (or into the float32 tensor `out`, which gives the shape)."""
         import torch
 
         n = math.prod(shape) if out is None else out.numel()
@@ -110,7 +111,7 @@ class CipherDraws:
             out = torch.empty(shape if out is None else out.shape, dtype=torch.float32)
         k = -(-n // 2)
         w = self.words(2 * k)
-        box_muller(w[:k], w[k:], out.view(-1).numpy())
+        box_muller(w[:k], w[k:], out.view(-1).numpy(), scale)
         return out
 
     def rand(self, n: int):
@@ -134,12 +135,14 @@ class TorchDraws:
     def __init__(self, generator):
         self.generator = generator
 
-    def randn(self, *shape: int, out=None):
+    def randn(self, *shape: int, out=None, scale: float = 1.0):
         import torch
 
         if out is not None:
-            return torch.randn(out.shape, generator=self.generator, out=out)
-        return torch.randn(shape, generator=self.generator)
+            z = torch.randn(out.shape, generator=self.generator, out=out)
+        else:
+            z = torch.randn(shape, generator=self.generator)
+        return z if scale == 1.0 else z.mul_(scale)
 
     def rand(self, n: int):
         import torch

@@ -185,8 +185,8 @@ def conv_example_grads(m: nn.Conv2d, a: torch.Tensor, d: torch.Tensor) -> torch.
 
 def bookkeeping_clipped_sum(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
                             bounds: torch.Tensor, per_layer: bool, layers: list[tuple[str, nn.Module]],
-                            layout: WaveletLayout | None = None, calibration: str = "sound"
-                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                            layout: WaveletLayout | None = None, calibration: str = "sound",
+                            out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sum of clipped per-example gradients from one forward and one backward, never holding [B, P].
 
     Book-keeping / ghost norms (Goodfellow 2015; Li et al. 2022; Bu et al. 2023): with a_i a layer's input
@@ -195,7 +195,8 @@ def bookkeeping_clipped_sum(model: nn.Module, params: dict[str, torch.Tensor], x
     gradients are formed per example (conv_example_grads); they are small here.
     With a wavelet `layout` the norms are those of the Haar coefficients the calibration clips (wavelet_part_norms,
     still without [B, P]); the HWT is linear, so the clipped sum is the same gradient-domain sum.
-    Returns (flat clipped sum [P] in parameter order, per-example losses [B], norms [B, segments])."""
+    Returns (flat clipped sum [P] in parameter order, per-example losses [B], norms [B, segments]); with `out` ([P])
+    the sum is added into it (each layer's product accumulated in place, no concatenation) and `out` is returned."""
     sq, parts, losses = _bookkeeping_parts(model, params, x, y, layers)
     names = list(params)
     if layout is not None:
@@ -206,15 +207,20 @@ def bookkeeping_clipped_sum(model: nn.Module, params: dict[str, torch.Tensor], x
         per_param = torch.stack([sq[k] for k in names], 1)
         norms = per_param.sqrt() if per_layer else per_param.sum(1, keepdim=True).sqrt()
     scale = clip_factors(norms, bounds)
-    out = []
+    total = torch.zeros(sum(p.numel() for p in params.values())) if out is None else out
+    start = 0
     for j, k in enumerate(names):
         s = scale[:, j if per_layer else 0]
         part = parts[k]
         if part[0] == "linear":
-            out.append(((part[1] * s[:, None]).T @ part[2]).reshape(-1))
+            d, a = part[1], part[2]
+            size = d.shape[1] * a.shape[1]
+            total[start:start + size].view(d.shape[1], a.shape[1]).addmm_((d * s[:, None]).T, a)
         else:
-            out.append(s @ part[1])
-    return torch.cat(out), losses, norms
+            size = part[1].shape[1]
+            total[start:start + size].addmv_(part[1].T, s)
+        start += size
+    return total, losses, norms
 
 
 # ---- DP-SGD-WAV without [B, P] ---------------------------------------------------------------------------------
@@ -642,6 +648,16 @@ def noise_scales(noise_multiplier: float, sensitivity: float, layout: WaveletLay
     return noise_multiplier * sensitivity / torch.from_numpy(layout.weights).to(torch.float32)
 
 
+def noise_rows(rows: int, width: int, scales, layout: WaveletLayout | None, generator) -> torch.Tensor:
+    """`rows` independent noise draws [rows, width] of one release each: N(0, scales^2) on each coordinate or, with a
+    wavelet layout, IHWT(z)[:P] of N(0, scales_c^2) on each Haar coefficient (scales as in noisy_sum)."""
+    draws = as_draws(generator)
+    if layout is None:
+        return draws.randn(rows, width, scale=float(scales))
+    parts = wavelet_noise(layout, scales, draws, rows)
+    return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+
+
 def noisy_sum(total: torch.Tensor, scales, layout: WaveletLayout | None, generator,
               out: torch.Tensor | None = None) -> torch.Tensor:
     """The lot's release: the clipped sum plus one noise draw, N(0, scales^2) on each coordinate or, with a wavelet
@@ -650,8 +666,10 @@ def noisy_sum(total: torch.Tensor, scales, layout: WaveletLayout | None, generat
     updated in place where that saves a copy."""
     if layout is None:
         draws = as_draws(generator)
-        noise = draws.randn(out=out) if out is not None and out.shape == total.shape else draws.randn(*total.shape)
-        return total.add_(noise.mul_(scales))
+        scale = float(scales)
+        noise = draws.randn(out=out, scale=scale) if out is not None and out.shape == total.shape \
+            else draws.randn(*total.shape, scale=scale)
+        return total.add_(noise)
     # IHWT(HWT(total) + z) = total + IHWT(z): only the noise is transformed, and only where it reaches [0, P)
     rows = total.reshape(-1, total.shape[-1])
     start = 0
@@ -810,30 +828,28 @@ def dp_sgd(model: nn.Module, w: np.ndarray, shard, lr: float, steps: int, q: flo
     expected_lot = float(fixed_lot_size(n, q) if lot == "fixed" else q * n)
 
     loss_sum, loss_count = 0.0, 0
-    total = torch.empty(width)
     noise, used = torch.empty(0, width), 0
     for step in range(steps):
         if used == len(noise):  # the noise of the next steps in one draw and one inverse transform
-            noise, used = noisy_sum(torch.zeros(min(steps - step, max(1, NOISE_BLOCK // width)), width), noise_scale,
-                                    layout, generator), 0
+            noise, used = noise_rows(min(steps - step, max(1, NOISE_BLOCK // width)), width, noise_scale, layout,
+                                     generator), 0
         idx = draw_lot(n, q, lot, generator)
-        total.zero_()
+        total = noise[used]  # the step's own noise row: the lot's clipped sums are added to it
         for chunk in idx.split(physical_batch):
             if len(chunk) == 0:  # an empty Poisson lot: the step is noise only
                 continue
             x, y = shard.batch(chunk)
             if use_bookkeeping:
-                part, losses, _ = bookkeeping_clipped_sum(model, params, x, y, bounds, per_layer, layers, layout,
-                                                          calibration)
+                _, losses, _ = bookkeeping_clipped_sum(model, params, x, y, bounds, per_layer, layers, layout,
+                                                       calibration, out=total)
             else:
                 g, losses = per_example_gradients(model, params, x, y)
                 # the HWT is linear: sum_i s_i HWT(g_i) = HWT(sum_i s_i g_i), so the clipped sum is formed
                 # in the gradient domain and transformed once per lot
-                part = clipped_sum(g, clip_factors(example_norms(g, layout, calibration, segments), bounds), segments)
-            total += part
+                total += clipped_sum(g, clip_factors(example_norms(g, layout, calibration, segments), bounds), segments)
             loss_sum += float(losses.sum())
             loss_count += len(chunk)
-        rule.step(theta, total.add_(noise[used]), lr, expected_lot)
+        rule.step(theta, total, lr, expected_lot)
         used += 1
 
     info = accounting(mechanism=mechanism, calibration=calibration if mechanism == "wavelet" else "sound",

@@ -26,6 +26,8 @@ def test_box_muller_is_the_formula_on_hand_words():
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
     assert out[0] == pytest.approx(0, abs=1e-5) and out[4] == pytest.approx(math.sqrt(64 * math.log(2)), rel=1e-6)
     assert out[2] == 0  # u1 = 1: r = 0
+    scaled = box_muller(a, b, np.empty(7, np.float32), scale=0.37)  # N(0, 0.37^2): the scale rides on r
+    np.testing.assert_allclose(scaled, 0.37 * want, rtol=1e-5, atol=1e-6)
 
 
 def test_normals_have_the_standard_law():

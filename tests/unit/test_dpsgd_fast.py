@@ -70,6 +70,13 @@ def test_wavelet_clipped_sum_equals_the_materialised_one(name, shape, scope, per
     torch.testing.assert_close(got_norms, norms, rtol=1e-5, atol=0)
     # float32 sums in another order: 1e-4 relative, 1e-5 absolute on O(1) sums
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+    # accumulated into a vector (dp_sgd adds the lot's sum to the step's noise row): that vector plus the same sum
+    base = torch.linspace(-1, 1, ref.numel())
+    into = base.clone()
+    same, _, _ = bookkeeping_clipped_sum(model, params, x, y, bounds, per_layer, _bookkeeping_layers(model),
+                                         layout, "sound", out=into)
+    assert same is into
+    torch.testing.assert_close(into, base + got, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("size,m", [(1, 1), (1, 4), (5, 8), (8, 8), (100, 128), (129, 256), (1000, 1024),

@@ -49,6 +49,9 @@ class TopologySection:
                               "device hosts: per_core = `device_hosts` processes, each emulating devices of any edges; "
                               "per_edge = `hosts_per_edge` processes per edge (containers, edge sites)")
     device_hosts: int = doc(0, "host_layout=per_core: device host processes (0 = one per core)", min=0)
+    edge_processes: int = doc(0, "local testbed: edge server processes (0 = one per edge); fewer share them, each edge "
+                                 "on its own port with its own certificate (less memory at scale; a crash stops the "
+                                 "process's edges together)", min=0)
 
 
 @dataclass(frozen=True)

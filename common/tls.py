@@ -69,6 +69,14 @@ class TlsOptions:
     def enabled(self) -> bool:
         return self.ca is not None
 
+    def for_node(self, node_id: str) -> "TlsOptions":
+        """These options with `{id}` in the certificate and key paths standing for `node_id` (a process that
+        serves several edges: each presents its own certificate)."""
+        import dataclasses
+
+        return dataclasses.replace(self, **{k: getattr(self, k).replace("{id}", node_id)
+                                            for k in ("cert", "key") if getattr(self, k)})
+
     # ---- material -----------------------------------------------------------------------------
     def _material(self) -> tuple[bytes, bytes, bytes, certs.Identity]:
         ca, cert, key = (certs.read_bytes(self.ca, "CA certificate"), certs.read_bytes(self.cert, "certificate"),

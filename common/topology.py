@@ -59,6 +59,15 @@ def host_slice(members: list[str], host_index: int, hosts: int) -> list[str]:
     return members[host_index * n // hosts:(host_index + 1) * n // hosts]
 
 
+def edge_groups(cfg) -> list[list[str]]:
+    """The edges of a local testbed per edge server process: one each (topology.edge_processes = 0), else
+    `edge_processes` contiguous, balanced groups (never more groups than edges)."""
+    edges = [edge_id(e) for e in range(cfg.topology.edges)]
+    groups = cfg.topology.edge_processes or len(edges)
+    groups = min(groups, len(edges))
+    return [host_slice(edges, g, groups) for g in range(groups)]
+
+
 def union_slice(member_lists: list[list[str]], host_index: int, hosts: int) -> list[str]:
     """One of `hosts` device-host processes' share of the devices of several edges: the union of their
     members in device-index order, cut into `hosts` contiguous, balanced pieces (sizes differ by at most

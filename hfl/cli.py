@@ -78,12 +78,30 @@ def cmd_cloud(args) -> int:
 
 
 def cmd_edge(args) -> int:
+    from hfl.common import topology
     from hfl.edge_server.service import serve
 
+    ids = [topology.edge_id(topology.edge_index(i)) for i in args.id]
+    if len(ids) > 1:  # several edges in this process: each on its own port, files and certificate
+        if len(set(ids)) < len(ids):
+            raise SystemExit(f"hfl edge: an edge id given twice in {', '.join(ids)}")
+        for flag, value in (("--listen", args.listen), ("--metrics-listen", args.metrics_listen)):
+            if value and not value.endswith(":0"):
+                raise SystemExit(f"hfl edge: {flag} {value}: with several --id each edge binds its own port; give port 0")
+        if args.port_file and "{id}" not in args.port_file:
+            raise SystemExit("hfl edge: --port-file needs {id} (each edge's id) with several --id")
     tls = _tls(args, "edge")
-    return _run_async(lambda: serve(args.id, args.listen, args.cloud, args.port_file, wait_s=args.wait, trust=args.trust,
-                                    rejoin=args.rejoin, metrics_listen=args.metrics_listen, web_tls=tls,
-                                    **tls.edge_kwargs(args.id)))
+
+    def one(node_id: str):
+        own = tls.for_node(node_id)
+        return serve(node_id, args.listen, args.cloud, args.port_file and args.port_file.replace("{id}", node_id),
+                     wait_s=args.wait, trust=args.trust, rejoin=args.rejoin, metrics_listen=args.metrics_listen,
+                     web_tls=own, **own.edge_kwargs(node_id))
+
+    async def every() -> int:  # one edge's failure ends the process, as it would end a process of its own
+        return max(await asyncio.gather(*(one(i) for i in ids)))
+
+    return _run_async(every)
 
 
 def cmd_devices(args) -> int:
@@ -263,8 +281,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tls_args(p)
     p.set_defaults(func=cmd_cloud)
 
-    p = sub.add_parser("edge", help="start one edge server")
-    p.add_argument("--id", required=True, help="edge id: edge-NNN or its index")
+    p = sub.add_parser("edge", help="start one edge server (or several in one process)")
+    p.add_argument("--id", required=True, action="append",
+                   help="edge id: edge-NNN or its index; repeat it to serve several edges from this process, each on "
+                        "its own port with its own certificate ({id} in --port-file, --cert and --key stands for each)")
     p.add_argument("--listen", default="0.0.0.0:50061", help="address to serve devices on")
     p.add_argument("--cloud", required=True, help="cloud address HOST:PORT")
     p.add_argument("--port-file", help="write the bound port here once listening")

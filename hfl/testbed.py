@@ -13,7 +13,9 @@ one per core) named devices-cH, each emulating a contiguous share of all devices
 starts `hosts_per_edge` hosts per edge named devices-EEE-H. `skip_hosts` names per-edge hosts (a test
 plays their devices), so a Testbed given skip_hosts uses the per_edge layout. Under mutual TLS (`certs`)
 every device of a per-core host presents its own certificate on its own channel, and a per-edge host one
-certificate naming its devices (hfl/testbed_certs.py). `via` names nodes (an
+certificate naming its devices (hfl/testbed_certs.py). Edges run one per process (edge-NNN), or
+`topology.edge_processes` processes named edge-cG serve them in contiguous groups, each edge on its own
+port with its own certificate (fewer processes: less memory at scale). `via` names nodes (an
 edge, a per-edge host) that dial another address than their upstream's: a test's proxy in front of it
 (tests/integration/mitm.py plays a compromised node that way).
 """
@@ -110,6 +112,12 @@ def core_host_name(index: int) -> str:
     return f"devices-c{index}"
 
 
+def edge_group_name(index: int) -> str:
+    """Name (and log file) of a process serving several edges (topology.edge_processes); "edge-" like an edge's:
+    the run's relay secret is withheld from it."""
+    return f"edge-c{index}"
+
+
 @dataclass
 class Node:
     name: str
@@ -160,6 +168,7 @@ class Testbed:
     via: dict = field(default_factory=dict)  # node name -> address it dials instead of its upstream (a test's proxy)
     spawn: str | None = None                # how nodes start (hfl/node_spawn.py): exec | fork; None: $HFL_SPAWN or fork
     nodes: dict[str, Node] = field(default_factory=dict, init=False)
+    edge_address: dict[str, str] = field(default_factory=dict, init=False)  # edge id -> address, once listening
 
     def __post_init__(self) -> None:
         prepare(self.spawn)  # the forkserver imports the nodes' modules while the config loads and preflight runs
@@ -230,12 +239,15 @@ class Testbed:
         node.proc = spawner(self.spawn)(node.argv, node.log_path, node_env(env))
         node.started_at = time.monotonic()
 
-    def _wait_port(self, node: Node, deadline: float) -> str:
-        port_file = self.ports / node.name
+    def _wait_port(self, node: Node, deadline: float, server: str | None = None) -> str:
+        """The address `node` listens on (or, for a process of several edges, its edge `server`), once written."""
+        port_file = self.ports / (server or node.name)
         while time.monotonic() < deadline:
             if port_file.exists():
-                node.address = f"127.0.0.1:{port_file.read_text().strip()}"
-                return node.address
+                address = f"127.0.0.1:{port_file.read_text().strip()}"
+                if server in (None, node.name):
+                    node.address = address
+                return address
             if node.returncode() is not None:
                 raise TestbedError(f"{node.name} exited with {node.returncode()} before listening: "
                                    f"{error_line(node.log_path)}\n{_log_tail(node.log_path)}")
@@ -269,16 +281,25 @@ class Testbed:
                                           "--port-file", str(self.ports / "cloud")]
                                 + (["--resume"] if self.resume else []))
             cloud_address = self._wait_port(cloud, deadline)
-            edges = []
-            for e in range(self.cfg.topology.edges):
-                name = edge_id(e)
-                edges.append(self._spawn(name, ["edge", "--id", name, "--listen", "127.0.0.1:0",
-                                                "--cloud", self.via.get(name, cloud_address),
-                                                "--port-file", str(self.ports / name), "--metrics-listen", "127.0.0.1:0"]
-                                         + (["--rejoin"] if self.resume else [])))
+            groups = topology.edge_groups(self.cfg)
+            edges = []  # (edge id, its process's node)
+            for g, members in enumerate(groups):
+                if len(members) == 1:
+                    name = members[0]
+                    args = ["--id", name, "--cloud", self.via.get(name, cloud_address), "--port-file", str(self.ports / name)]
+                else:  # several edges in one process (topology.edge_processes): each writes its own port file
+                    if any(e in self.via for e in members):
+                        raise TestbedError(f"edges {', '.join(members)} share a process: no proxy (via) in front of one")
+                    name = edge_group_name(g)
+                    args = [a for e in members for a in ("--id", e)] + ["--cloud", cloud_address,
+                                                                        "--port-file", str(self.ports / "{id}")]
+                node = self._spawn(name, ["edge", *args, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"]
+                                   + (["--rejoin"] if self.resume else []))
+                edges.extend((e, node) for e in members)
+            self.edge_address = {e: self._wait_port(node, deadline, e) for e, node in edges}
             if self.cfg.topology.host_layout == "per_edge":
-                for e, edge in enumerate(edges):
-                    address = self._wait_port(edge, deadline)
+                for e, (name, _) in enumerate(edges):
+                    address = self.edge_address[name]
                     for h in range(self.cfg.topology.hosts_per_edge):
                         name = f"devices-{e:03d}-{h}"
                         if name not in self.skip_hosts:
@@ -286,7 +307,7 @@ class Testbed:
                                                "--hosts", str(self.cfg.topology.hosts_per_edge)])
             else:
                 # each address named by its edge: a host with a certificate per device dials only its share's edges
-                addresses = [f"{edge.name}={self._wait_port(edge, deadline)}" for edge in edges]
+                addresses = [f"{name}={address}" for name, address in self.edge_address.items()]
                 hosts = topology.host_count(self.cfg)
                 for h in range(hosts):
                     self._spawn(core_host_name(h), ["devices", *[a for address in addresses for a in ("--edge", address)],
@@ -306,7 +327,7 @@ class Testbed:
 
     @property
     def edge_addresses(self) -> list[str]:
-        return [self.nodes[edge_id(e)].address for e in range(self.cfg.topology.edges)]
+        return [self.edge_address[edge_id(e)] for e in range(self.cfg.topology.edges)]
 
     def live_url(self, timeout: float = 60.0) -> str:
         """The cloud's live page (observe.listen), once it serves it."""
@@ -355,6 +376,9 @@ class Testbed:
         node = self.node(name)
         if node.returncode() is None:
             raise TestbedError(f"{name} is still running")
+        if node.argv.count("--id") > 1:
+            raise TestbedError(f"{name} serves several edges, each on a port the restart would not keep: restart "
+                               f"edges of a testbed with topology.edge_processes = 0")
         if not node.expected_exit:
             node.deaths.append(self._death(node))
         argv = list(node.argv)

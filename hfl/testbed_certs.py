@@ -16,7 +16,7 @@ from hfl.common import certs, device_certs, topology
 
 def testbed_tls_args(directory: str | os.PathLike, cfg) -> dict[str, list[str]]:
     """The TLS arguments of every process, keyed by the Testbed's node names (cloud, edge-NNN, devices-EEE-H) or,
-    for per-core hosts, by their role (devices)."""
+    for per-core hosts and processes of several edges, by their role (devices, edge)."""
     d = pathlib.Path(directory)
     certs.init_ca(d)
     nodes = d / "nodes"
@@ -31,6 +31,7 @@ def testbed_tls_args(directory: str | os.PathLike, cfg) -> dict[str, list[str]]:
         edge = topology.edge_id(e)
         certs.issue(d, "edge", edge, out_dir=nodes)
         args[edge] = flags(edge)
+    args["edge"] = flags("{id}")  # a process of several edges (topology.edge_processes): each edge its own
     if cfg.topology.host_layout != "per_edge":
         manifest, _ = device_certs.issue_topology(d, cfg.topology.edges, cfg.topology.devices_per_edge, d / "devices")
         args["devices"] = ca + ["--device-certs", str(manifest)]

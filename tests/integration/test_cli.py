@@ -141,6 +141,16 @@ def test_config_errors_exit_2_with_the_key(tmp_path):
     assert result.returncode == 2 and "unknown key 'train.unknown'" in result.stderr
 
 
+def test_an_edge_process_of_several_edges_refuses_what_they_cannot_share():
+    base = ["edge", "--id", "0", "--id", "edge-001", "--cloud", "127.0.0.1:1", "--wait", "1"]
+    for extra, says in [(["--listen", "127.0.0.1:50061"], "--listen 127.0.0.1:50061: with several --id each edge binds "
+                                                          "its own port; give port 0"),
+                        (["--listen", "127.0.0.1:0", "--port-file", "p"], "--port-file needs {id}"),
+                        (["--id", "1", "--listen", "127.0.0.1:0"], "an edge id given twice in edge-000, edge-001, edge-001")]:
+        result = hfl(*base, *extra, timeout=60)
+        assert result.returncode != 0 and says in result.stderr, (extra, result.stderr[-500:])
+
+
 def test_version_and_help():
     assert hfl("--version").stdout.startswith("hfl ")
     usage = hfl("--help").stdout

@@ -392,14 +392,17 @@ def test_testbed_certificates_match_the_topology(tmp_path):
     cfg = config.load(None, ["topology.edges=2", "topology.devices_per_edge=5", "topology.hosts_per_edge=2",
                              "topology.host_layout=per_edge"])
     args = testbed_certs.testbed_tls_args(tmp_path, cfg)
-    assert sorted(args) == ["cloud", "devices-000-0", "devices-000-1", "devices-001-0", "devices-001-1", "edge-000", "edge-001"]
-    names = {name: certs.identity_of(certs.load_cert(flags[3])).name for name, flags in args.items()}
+    assert sorted(args) == ["cloud", "devices-000-0", "devices-000-1", "devices-001-0", "devices-001-1", "edge",
+                            "edge-000", "edge-001"]
+    # a process of several edges: each edge's own certificate, {id} standing for it
+    assert args["edge"][3] == str(tmp_path / "nodes" / "{id}.pem")
+    names = {name: certs.identity_of(certs.load_cert(flags[3])).name for name, flags in args.items() if name != "edge"}
     assert names["edge-001"] == "edge-001" and names["cloud"] == "cloud"
     assert names["devices-000-0"] == "dev-00000..dev-00001" and names["devices-001-1"] == "dev-00007..dev-00009"
     assert all(flags[1] == str(tmp_path / "ca.pem") for flags in args.values())
     # per core (the default): one set of arguments for every per-core host, a manifest of a certificate per device
     per_core = testbed_certs.testbed_tls_args(tmp_path, config.load(None, ["topology.edges=2", "topology.devices_per_edge=5"]))
-    assert sorted(per_core) == ["cloud", "devices", "edge-000", "edge-001"]
+    assert sorted(per_core) == ["cloud", "devices", "edge", "edge-000", "edge-001"]
     assert per_core["devices"] == ["--ca", str(tmp_path / "ca.pem"), "--device-certs", str(tmp_path / "devices" / "edges-2x5.json")]
     manifest = device_certs.load_manifest(per_core["devices"][3])
     assert manifest.edges["edge-001"] == tuple(f"dev-{g:05d}" for g in range(5, 10))

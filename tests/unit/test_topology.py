@@ -10,6 +10,16 @@ def members(edges, per_edge):
     return [topology.edge_members(cfg, e) for e in range(edges)]
 
 
+def test_edge_groups_are_one_per_edge_or_contiguous_balanced_groups():
+    def groups(edges, processes):
+        return topology.edge_groups(SimpleNamespace(topology=SimpleNamespace(edges=edges, edge_processes=processes)))
+
+    assert groups(3, 0) == [["edge-000"], ["edge-001"], ["edge-002"]]
+    assert groups(5, 2) == [["edge-000", "edge-001"], ["edge-002", "edge-003", "edge-004"]]
+    assert groups(2, 9) == [["edge-000"], ["edge-001"]]  # never more processes than edges
+    assert [len(g) for g in groups(20, 2)] == [10, 10]
+
+
 def test_union_slice_is_contiguous_balanced_and_covers_every_device_once():
     lists = members(20, 500)
     for hosts in (1, 2, 3, 7):

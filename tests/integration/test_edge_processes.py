@@ -1,0 +1,68 @@
+"""Several edges in one process (topology.edge_processes): the same metrics as one process per edge; under mutual
+TLS each edge presents its own certificate on its own port, and an edge that shares its process still refuses a
+device whose certificate names another edge's device."""
+import socket
+import ssl
+
+import grpc
+
+from hfl.common import certs
+from hfl.proto import hfl_v1_pb2 as pb
+from hfl.proto import hfl_v1_pb2_grpc as pbg
+
+from .conftest import SMALL
+from .test_layouts import LAYOUT, key
+
+
+def test_edges_sharing_a_process_give_the_same_metrics(hfl_testbed):
+    alone = hfl_testbed(overrides=LAYOUT)
+    alone.wait(timeout=300)
+    shared = hfl_testbed(overrides=LAYOUT + ["topology.edge_processes=1"])
+    shared.wait(timeout=300)
+    assert [n for n in shared.nodes if n.startswith("edge-")] == ["edge-c0"]
+    assert sorted(shared.edge_address) == ["edge-000", "edge-001"]
+    assert len(set(shared.edge_address.values())) == 2  # a port each
+    rows = shared.metrics()
+    assert len(rows) == 3 and all(r["devices"] == 6 and r["refused"] == 0 for r in rows)
+    assert key(rows) == key(alone.metrics())
+
+
+def _server_certificate_name(address: str, ca, cert, key) -> str:
+    ctx = ssl.create_default_context(cafile=str(ca))
+    ctx.check_hostname = False
+    ctx.load_cert_chain(str(cert), str(key))
+    ctx.set_alpn_protocols(["h2"])
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as raw, ctx.wrap_socket(raw) as tls:
+        der = tls.getpeercert(binary_form=True)
+    from cryptography import x509
+
+    return certs.identity_of(x509.load_der_x509_certificate(der)).name
+
+
+def test_edges_sharing_a_process_under_mutual_tls(hfl_testbed, tmp_path):
+    ca = tmp_path / "ca"
+    bed = hfl_testbed(overrides=SMALL + ["topology.edge_processes=1", "run.rounds=4"], certs=ca)
+    device = [ca / "devices" / f"dev-00000.{ext}" for ext in ("pem", "key")]  # a device of edge-000
+    for edge, address in bed.edge_address.items():
+        assert _server_certificate_name(address, ca / "ca.pem", *device) == edge
+    creds = grpc.ssl_channel_credentials((ca / "ca.pem").read_bytes(), device[1].read_bytes(), device[0].read_bytes())
+    statuses = {}
+    with grpc.secure_channel(bed.edge_address["edge-001"], creds,
+                             options=[("grpc.ssl_target_name_override", "edge.hfl")]) as chan:
+        stub = pbg.EdgeServiceStub(chan)
+        for claimed in ("dev-00000", "dev-00003"):  # its own id at another edge; another edge's device
+            try:
+                stub.Register(pb.RegisterRequest(node_id=claimed, num_samples=10), timeout=10)
+                statuses[claimed] = (grpc.StatusCode.OK, "")
+            except grpc.RpcError as exc:
+                statuses[claimed] = (exc.code(), exc.details())
+    assert statuses["dev-00000"][0] == grpc.StatusCode.PERMISSION_DENIED
+    assert "'dev-00000' is not a device of edge-001" in statuses["dev-00000"][1], statuses
+    assert statuses["dev-00003"][0] == grpc.StatusCode.PERMISSION_DENIED
+    assert "certificate of device dev-00000 does not name dev-00003" in statuses["dev-00003"][1], statuses
+    summary = bed.wait(timeout=300)
+    assert summary["rounds"] == 4 and summary["devices"] == 6 and summary["dropped_edges"] == []
+    assert summary["refused"] >= 2
+    log = (bed.run_dir / "logs" / "edge-c0.log").read_text()
+    assert "refused unknown_device from ipv4:127.0.0.1" in log and "refused identity_mismatch" in log, log[-2000:]

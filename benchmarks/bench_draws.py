@@ -3,13 +3,15 @@
     python benchmarks/bench_draws.py [--sizes 7850 159010 225034] [--repeats 9] [--calls 200]
 
 Compares the device's keystream sampler (secret_random.CipherDraws: AES-256-CTR words, Box-Muller in numpy) with
-torch's mt19937 `normal_` (what DP-SGD drew from before) and numpy's ziggurat on PCG64DXSM (the other DP draws),
-each writing into a preallocated buffer, taking turns within every repeat; reports the median per call and the
+torch's mt19937 `normal_` (what DP-SGD drew from before), numpy's ziggurat on PCG64DXSM (the other DP draws
+before 2026-11-28) and the numpy-facing keystream generator they use now (secret_random.CipherGenerator, float64
+out as numpy.random.Generator.standard_normal gives), the first three writing into a preallocated buffer, taking turns within every repeat; reports the median per call and the
 ratio against torch's in the same repeat (median of the paired ratios).
 """
 from __future__ import annotations
 
 import argparse
+import secrets
 import statistics
 import time
 
@@ -27,13 +29,16 @@ def main() -> None:
     ap.add_argument("--lot", type=int, nargs=2, default=[1280, 64], metavar=("N", "K"))
     args = ap.parse_args()
     torch.set_num_threads(1)
-    cipher, gen, rng = CipherDraws(bytes(32)), torch.Generator().manual_seed(0), dp_numpy_rng("secret", 0, "device", 0)
+    cipher, gen = CipherDraws(bytes(32)), torch.Generator().manual_seed(0)
+    rng = np.random.Generator(np.random.PCG64DXSM(np.random.SeedSequence(secrets.randbits(256))))
+    numpy_facing = dp_numpy_rng("secret", 0, "device", 0)
     print(f"torch {torch.__version__}, numpy {np.__version__}, one thread, {args.calls} calls x {args.repeats} repeats")
     for n in args.sizes:
         out, arr = torch.empty(n), np.empty(n, np.float32)
         fns = {"torch normal_ (mt19937)": lambda: out.normal_(generator=gen),
                "keystream (AES-CTR, Box-Muller)": lambda: cipher.randn(out=out),
-               "numpy ziggurat (PCG64DXSM)": lambda: rng.standard_normal(dtype=np.float32, out=arr)}
+               "numpy ziggurat (PCG64DXSM)": lambda: rng.standard_normal(dtype=np.float32, out=arr),
+               "CipherGenerator.standard_normal (float64)": lambda: numpy_facing.standard_normal(n)}
         _report(f"{n:,} normals", fns, args)
     n, k = args.lot
     _report(f"a lot of {k} from {n}", {"torch randperm (mt19937)": lambda: torch.randperm(n, generator=gen)[:k],

@@ -9,13 +9,14 @@ CSPRNG (`secrets`, i.e. os.urandom), made on the node that adds the noise, per r
 purpose) for bit-identical replays; such a run is not private against anyone holding the seed, and every privacy
 figure it reports says so (`SEEDED_LABEL`).
 
-DP-SGD's draws (lots and noise, `dp_draws`) come from an AES-256-CTR keystream under that key (`CipherDraws`: a
-CSPRNG, as Opacus' optional torchcsprng), normals by Box-Muller on its 32-bit words; `seeded` keys the same
-keystream from the run seed. It is also the fastest sampler measured here: 159,010 normals in 0.30 ms against
-torch's mt19937 normal_ at 0.54 ms and numpy's ziggurat at 1.49 ms (benchmarks/reports/dp-draws.md).
+Every DP draw comes from an AES-256-CTR keystream under that key (`CipherDraws`: a CSPRNG, as Opacus' optional
+torchcsprng), normals by Box-Muller on its 32-bit words: DP-SGD's lots and noise (`dp_draws`), and through
+`CipherGenerator` (numpy.random.Generator's methods: `dp_numpy_rng`) the devices' and edges' noise, DP-FedAvg's client
+draw and DP-SQ's coins; `seeded` keys the same keystream from the run seed. It is also the fastest sampler measured
+here: 159,010 normals in 0.30 ms against torch's mt19937 normal_ at 0.54 ms and numpy's ziggurat at 1.49 ms
+(benchmarks/reports/dp-draws.md; 0.43 ms as float64 through CipherGenerator).
 
-What the float samplers do not protect against: numpy's PCG64DXSM stream (the other DP draws) is statistically
-strong but not a cryptographic stream (its 256-bit key is), and floating-point Gaussian / Laplace samplers leak
+What the float samplers do not protect against: floating-point Gaussian / Laplace samplers leak
 through the low-order bits of their outputs (Mironov 2012). A party that sees a noisy release at full float32
 precision could in principle exploit that; the emulator does not snap or use a discrete sampler (README, Privacy).
 Box-Muller on 32-bit words bounds a normal by sqrt(64 ln 2) = 6.66 (torch's 24-bit uniforms: 5.77); the mass the
@@ -29,23 +30,17 @@ import secrets
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from .seeding import numpy_rng, seed_sequence
+from .seeding import seed_sequence
 
 SOURCES = ("secret", "seeded")
 SEEDED_LABEL = "not private against anyone holding run.seed (privacy.noise_source = seeded: DP noise is replayable)"
 
 
-def _key() -> list[int]:
-    return [secrets.randbits(64) for _ in range(4)]
-
-
-def dp_numpy_rng(source: str, seed: int, tier: str, node, round_: int = 0, *purpose) -> np.random.Generator:
-    """A generator for one DP release: fresh CSPRNG key (secret) or the run seed's stream (seeded replay)."""
-    if source == "seeded":
-        return numpy_rng(seed, tier, node, round_, *purpose)
-    if source != "secret":
-        raise ValueError(f"noise source must be one of {', '.join(SOURCES)}, got {source!r}")
-    return np.random.Generator(np.random.PCG64DXSM(np.random.SeedSequence(_key())))
+def dp_numpy_rng(source: str, seed: int, tier: str, node, round_: int = 0, *purpose) -> "CipherGenerator":
+    """The draws of one DP release outside DP-SGD (a device's or an edge's noise, DP-FedAvg's client draw, DP-SQ's
+    coins) with numpy.random.Generator's methods: dp_draws' keystream (fresh CSPRNG key, or the run seed's for a
+    seeded replay)."""
+    return CipherGenerator(dp_draws(source, seed, tier, node, round_, *purpose))
 
 
 def dp_draws(source: str, seed: int, tier: str, node, round_: int = 0, *purpose) -> "CipherDraws":
@@ -127,6 +122,58 @@ class CipherDraws:
 
         keys = torch.from_numpy(self.words(n, np.uint64).view(np.int64))
         return keys.topk(k, largest=False, sorted=False).indices
+
+
+def _shape(size) -> tuple[int, tuple | None]:
+    """(values, shape) of numpy's `size` argument (None: one value, returned as a float)."""
+    if size is None:
+        return 1, None
+    shape = (int(size),) if np.ndim(size) == 0 else tuple(int(v) for v in size)
+    return math.prod(shape), shape
+
+
+class CipherGenerator:
+    """The numpy.random.Generator methods DP releases call (random, standard_normal, normal, laplace, spawn), drawn
+    from a CipherDraws keystream: float64 arrays as numpy gives them. Uniforms have 53 random bits (64-bit words);
+    normals are Box-Muller's on 32-bit words (float32, bounded by 6.66); Laplace is the inverse CDF of a uniform in
+    (0, 1) that never reaches either end, (k + 1/2) 2^-52 for a 52-bit k, so its tails reach ln 2^52 = 36 scales."""
+
+    def __init__(self, draws: CipherDraws):
+        self.draws = draws
+
+    def _uniform(self, n: int) -> np.ndarray:
+        return (self.draws.words(n, np.uint64) >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+
+    @staticmethod
+    def _out(values: np.ndarray, shape):
+        return float(values[0]) if shape is None else values.reshape(shape)
+
+    def random(self, size=None):
+        n, shape = _shape(size)
+        return self._out(self._uniform(n), shape)
+
+    def standard_normal(self, size=None, dtype=np.float64):
+        n, shape = _shape(size)
+        k = -(-n // 2)
+        w = self.draws.words(2 * k)
+        z = box_muller(w[:k], w[k:], np.empty(n, np.float32))
+        return self._out(z if dtype == np.float32 else z.astype(dtype), shape)
+
+    def normal(self, loc=0.0, scale=1.0, size=None):
+        z = self.standard_normal(size)
+        return loc + scale * z
+
+    def laplace(self, loc=0.0, scale=1.0, size=None):
+        n, shape = _shape(size)
+        k = (self.draws.words(n, np.uint64) >> np.uint64(12)).astype(np.float64)
+        u = (k + 0.5) * 2.0 ** -52  # exact in float64: never 0 or 1
+        x = np.log(2.0 * np.minimum(u, 1.0 - u))  # ln 2u below 1/2, -ln 2(1 - u) above
+        np.copysign(x, u - 0.5, out=x)
+        return loc + scale * self._out(x, shape)
+
+    def spawn(self, n: int) -> list["CipherGenerator"]:
+        """n independent generators, each keyed by 32 bytes of this keystream."""
+        return [CipherGenerator(CipherDraws(self.draws.words(8).tobytes())) for _ in range(n)]
 
 
 class TorchDraws:

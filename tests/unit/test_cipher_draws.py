@@ -9,7 +9,7 @@ from scipy import stats
 
 from hfl.common.models import build, get_flat, init_parameters
 from hfl.common.privacy import per_example
-from hfl.common.secret_random import CipherDraws, box_muller, dp_draws
+from hfl.common.secret_random import CipherDraws, CipherGenerator, box_muller, dp_draws, dp_numpy_rng
 from hfl.device_client.training import make_shard
 
 KEY = bytes(range(32))
@@ -106,3 +106,58 @@ def test_dp_sgd_draws_each_steps_noise_afresh_when_it_draws_several_steps_at_onc
     w, _, _ = per_example.dp_sgd(model, w0, shard, q * 64, 8, q, 1.0, 1.0, "gaussian", CipherDraws(KEY), lot="poisson")
     moved = (w.astype(np.float64) - w0)
     assert abs(moved.var() - 8) < 5 * 8 * math.sqrt(2 / moved.size)
+
+
+class _HandWords:
+    """A keystream that gives the words it was handed (the formulas on known inputs)."""
+
+    def __init__(self, words):
+        self.given = np.asarray(words, np.uint64)
+
+    def words(self, n, dtype=np.uint32):
+        return self.given[:n].astype(dtype)
+
+
+def test_numpy_facing_draws_are_their_formulas_on_hand_words():
+    words = [0, 2 ** 63, 2 ** 64 - 1, 3 << 40]
+    u = CipherGenerator(_HandWords(words)).random(4)
+    want = np.array([w >> 11 for w in words], np.float64) * 2.0 ** -53
+    np.testing.assert_array_equal(u, want)
+    assert u.max() < 1.0 and u.min() == 0.0
+    # Laplace: the inverse CDF of v = (k + 1/2) 2^-52, k the top 52 bits: ln 2v below 1/2, -ln 2(1 - v) above
+    x = CipherGenerator(_HandWords(words)).laplace(1.0, 2.0, size=4)
+    v = (np.array([w >> 12 for w in words], np.float64) + 0.5) * 2.0 ** -52
+    np.testing.assert_allclose(x, 1.0 + 2.0 * np.where(v < 0.5, np.log(2 * v), -np.log(2 * (1 - v))), rtol=1e-12)
+    assert np.isfinite(x).all()  # the ends: +-ln 2^52 scales
+    assert x[0] == pytest.approx(1.0 + 2.0 * math.log(2.0 ** -52), rel=1e-12)
+    assert x[2] == pytest.approx(1.0 - 2.0 * math.log(2.0 ** -52), rel=1e-12)
+
+
+def test_numpy_facing_draws_have_their_laws():
+    """From a fixed key: KS p > 1e-3 against U(0, 1), N(0, 1) and Laplace(0, 1); N(3, 2^2) and Laplace(-1, 0.5)
+    moments within 5 standard errors; shapes and dtypes as numpy.random.Generator gives them."""
+    g = CipherGenerator(CipherDraws(KEY))
+    n = 200_000
+    assert stats.kstest(g.random(n), "uniform").pvalue > 1e-3
+    assert stats.kstest(g.standard_normal(n), "norm").pvalue > 1e-3
+    assert stats.kstest(g.laplace(size=n), "laplace").pvalue > 1e-3
+    z = g.normal(3.0, 2.0, size=(400, 500))
+    assert z.shape == (400, 500) and z.dtype == np.float64
+    assert abs(z.mean() - 3.0) < 5 * 2.0 / math.sqrt(n) and abs(z.var() / 4.0 - 1) < 5 * math.sqrt(2 / n)
+    b = g.laplace(-1.0, 0.5, size=n)  # variance 2 b^2, kurtosis 6: var of the sample variance (2 + 6 - 1) ... / n
+    assert abs(b.mean() + 1.0) < 5 * math.sqrt(2 * 0.25 / n) and abs(b.var() / 0.5 - 1) < 5 * math.sqrt(5 / n)
+    assert isinstance(g.random(), float) and isinstance(g.normal(), float)
+    assert g.standard_normal(3, dtype=np.float32).dtype == np.float32
+
+
+def test_numpy_facing_draws_replay_seeded_and_spawn_apart():
+    a = dp_numpy_rng("seeded", 7, "edge", 1, 2, "dp_noise")
+    b = dp_numpy_rng("seeded", 7, "edge", 1, 2, "dp_noise")
+    np.testing.assert_array_equal(a.normal(0, 1, 100), b.normal(0, 1, 100))
+    kids = dp_numpy_rng("seeded", 7, "edge", 1, 2, "audit").spawn(2)
+    again = dp_numpy_rng("seeded", 7, "edge", 1, 2, "audit").spawn(2)
+    first, second = kids[0].random(50), kids[1].random(50)
+    assert not np.array_equal(first, second)
+    np.testing.assert_array_equal(first, again[0].random(50))
+    assert not np.array_equal(dp_numpy_rng("secret", 7, "edge", 1, 2, "dp_noise").random(50),
+                              dp_numpy_rng("secret", 7, "edge", 1, 2, "dp_noise").random(50))

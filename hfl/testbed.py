@@ -298,8 +298,8 @@ class Testbed:
                 edges.extend((e, node) for e in members)
             self.edge_address = {e: self._wait_port(node, deadline, e) for e, node in edges}
             if self.cfg.topology.host_layout == "per_edge":
-                for e, (name, _) in enumerate(edges):
-                    address = self.edge_address[name]
+                for e, (edge, _) in enumerate(edges):
+                    address = self.edge_address[edge]
                     for h in range(self.cfg.topology.hosts_per_edge):
                         name = f"devices-{e:03d}-{h}"
                         if name not in self.skip_hosts:

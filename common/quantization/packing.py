@@ -40,6 +40,14 @@ def pack(indices: np.ndarray, width: int) -> bytes:
         raise ValueError(f"indices must be one-dimensional, got shape {idx.shape}")
     if idx.size and (idx.dtype.kind not in "ui" or idx.min() < 0 or idx.max() >= 1 << width):
         raise ValueError(f"indices must be integers in [0, {(1 << width) - 1}] for width {width}")
+    if width <= 8:  # eight indices fill `width` whole bytes: one little-endian 64-bit word per eight
+        chunks = -(-idx.size // 8)
+        v = np.zeros((chunks, 8), np.uint64)
+        v.ravel()[:idx.size] = idx
+        word = v[:, 0].copy()
+        for k in range(1, 8):
+            word |= v[:, k] << np.uint64(k * width)
+        return word.astype("<u8").view(np.uint8).reshape(chunks, 8)[:, :width].tobytes()[:packed_nbytes(idx.size, width)]
     planes = (idx.astype(np.uint32)[:, None] >> np.arange(width, dtype=np.uint32)) & 1
     return np.packbits(planes.astype(np.uint8).ravel(), bitorder="little").tobytes()
 
@@ -50,6 +58,18 @@ def unpack(data: bytes, width: int, count: int) -> np.ndarray:
     need = packed_nbytes(count, width)
     if len(data) != need:
         raise ValueError(f"data must be {need} bytes for {count} indices of {width} bits, got {len(data)}")
+    if width <= 8:  # as pack: `width` bytes hold eight indices, read as one little-endian 64-bit word
+        chunks = -(-count // 8)
+        words = np.zeros((chunks, 8), np.uint8)
+        whole = np.zeros(chunks * width, np.uint8)
+        whole[:need] = np.frombuffer(data, np.uint8)
+        words[:, :width] = whole.reshape(chunks, width)
+        word = words.view("<u8").ravel()
+        out = np.empty((chunks, 8), np.uint32)
+        mask = np.uint64((1 << width) - 1)
+        for k in range(8):
+            out[:, k] = (word >> np.uint64(k * width)) & mask
+        return out.ravel()[:count]
     bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8), count=count * width, bitorder="little")
     planes = bits.reshape(count, width).astype(np.uint32)
     return (planes << np.arange(width, dtype=np.uint32)).sum(axis=1, dtype=np.uint32)

@@ -16,6 +16,18 @@ def test_round_trip_every_width_and_odd_lengths(width, count):
     assert np.array_equal(unpack(data, width, count), idx)
 
 
+@pytest.mark.parametrize("width", range(1, 9))
+def test_the_word_path_is_the_bit_stream(width):
+    """Widths <= 8 pack eight indices into one 64-bit word: the same bytes as the bit-by-bit stream (index k at bits
+    [k width, (k + 1) width), least significant first), and unpack reads them back, for lengths around a word."""
+    rng = np.random.default_rng(width)
+    for count in (1, 5, 8, 13, 16, 4099):
+        idx = rng.integers(0, 1 << width, size=count, dtype=np.uint32)
+        bits = ((idx[:, None] >> np.arange(width, dtype=np.uint32)) & 1).astype(np.uint8).ravel()
+        assert pack(idx, width) == np.packbits(bits, bitorder="little").tobytes()
+        assert unpack(pack(idx, width), width, count).dtype == np.uint32
+
+
 def test_bit_order_is_little_endian_and_dense():
     # 3-bit indices 1, 2, 7 -> bits 100 010 111 (LSB first) -> byte0 = 0b11010001, byte1 = 0b1
     assert pack(np.array([1, 2, 7]), 3) == bytes([0b11010001, 0b1])

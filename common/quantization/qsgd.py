@@ -72,11 +72,16 @@ def _check_vector(x) -> np.ndarray:
 
 
 def _scaled(x: np.ndarray, levels: int, bucket_size: int) -> tuple[np.ndarray, np.ndarray]:
-    rows = _buckets(x, bucket_size)
+    """(float32 norms per bucket, a_i s as float64): in place on one buffer (each fresh array of this size costs its
+    page faults as much as the arithmetic)."""
+    rows = _buckets(x, bucket_size)  # a fresh padded copy: ours to overwrite
     norms = _float32_norms(rows)
     safe = np.where(norms > 0, norms, 1.0).astype(np.float64)
-    a = np.minimum(np.abs(rows) / safe[:, None], 1.0)
-    return norms, (a * levels).ravel()[:x.size]
+    a = np.abs(rows, out=rows)
+    a /= safe[:, None]
+    np.minimum(a, 1.0, out=a)
+    a *= levels
+    return norms, a.ravel()[:x.size]
 
 
 def qsgd_quantize(x, levels: int, rng: np.random.Generator, bucket_size: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -85,8 +90,12 @@ def qsgd_quantize(x, levels: int, rng: np.random.Generator, bucket_size: int = 0
     levels, bucket_size = check_levels(levels), check_bucket_size(bucket_size)
     norms, scaled = _scaled(x, levels, bucket_size)
     lower = np.floor(scaled)
-    level = lower + (rng.random(x.size) < scaled - lower)
-    codes = (level.astype(np.uint32) << 1) | (x < 0).astype(np.uint32)
+    frac = np.subtract(scaled, lower, out=scaled)
+    up = np.less(rng.random(x.size), frac)  # the level rounds up with probability a_i s - l_i
+    codes = lower.astype(np.uint32)
+    codes += up
+    codes <<= 1
+    codes |= x < 0
     return norms, codes
 
 
@@ -94,9 +103,18 @@ def qsgd_dequantize(norms: np.ndarray, codes: np.ndarray, levels: int, bucket_si
     """Inverse map of `qsgd_quantize`: sign * norm_of_bucket * level / s, as float32."""
     codes = np.asarray(codes, dtype=np.uint32)
     size = codes.size if bucket_size == 0 else bucket_size
-    norm_of = np.repeat(np.asarray(norms, np.float64), max(size, 1))[:codes.size]
-    sign = 1.0 - 2.0 * (codes & 1)
-    return (sign * norm_of * (codes >> 1) / levels).astype(np.float32)
+    level = (codes >> 1).view(np.int32)  # levels < 2^15
+    minus = (codes & 1).view(np.int32)
+    np.negative(minus, out=minus)  # 0 or all ones: (level ^ m) - m is -level where the sign bit is set
+    level ^= minus
+    level -= minus
+    out = level.astype(np.float64)  # sign * level, then * norm / s as before (the same float64 products)
+    if bucket_size == 0 or len(norms) == 1:
+        out *= float(np.asarray(norms, np.float64).reshape(-1)[0]) if codes.size else 1.0
+    else:
+        out *= np.repeat(np.asarray(norms, np.float64), max(size, 1))[:codes.size]
+    out /= levels
+    return out.astype(np.float32)
 
 
 def qsgd(x, rng: np.random.Generator, levels: int, bucket_size: int = 0) -> np.ndarray:

@@ -132,6 +132,14 @@ def _shape(size) -> tuple[int, tuple | None]:
     return math.prod(shape), shape
 
 
+def _broadcast(size, *params):
+    """numpy's rule: without `size`, one draw per element of the broadcast parameters (None where they are scalars)."""
+    if size is not None:
+        return size
+    shape = np.broadcast(*[np.asarray(p) for p in params]).shape
+    return shape or None
+
+
 class CipherGenerator:
     """The numpy.random.Generator methods DP releases call (random, standard_normal, normal, laplace, spawn), drawn
     from a CipherDraws keystream: float64 arrays as numpy gives them. Uniforms have 53 random bits (64-bit words);
@@ -160,11 +168,11 @@ class CipherGenerator:
         return self._out(z if dtype == np.float32 else z.astype(dtype), shape)
 
     def normal(self, loc=0.0, scale=1.0, size=None):
-        z = self.standard_normal(size)
+        z = self.standard_normal(_broadcast(size, loc, scale))
         return loc + scale * z
 
     def laplace(self, loc=0.0, scale=1.0, size=None):
-        n, shape = _shape(size)
+        n, shape = _shape(_broadcast(size, loc, scale))
         k = (self.draws.words(n, np.uint64) >> np.uint64(12)).astype(np.float64)
         u = (k + 0.5) * 2.0 ** -52  # exact in float64: never 0 or 1
         x = np.log(2.0 * np.minimum(u, 1.0 - u))  # ln 2u below 1/2, -ln 2(1 - u) above

@@ -191,6 +191,7 @@ class Testbed:
             self.run_dir = pathlib.Path("runs") / f"{cfg.run.name}-{stamp}"
         self.run_dir = pathlib.Path(self.run_dir).resolve()
         self.logs = self.run_dir / "logs"
+        self._callers_args = set(self.extra_args)  # a process of several edges cannot take one edge's own arguments
         if self.certs is not None:
             from hfl.testbed_certs import testbed_tls_args
 
@@ -288,8 +289,9 @@ class Testbed:
                     name = members[0]
                     args = ["--id", name, "--cloud", self.via.get(name, cloud_address), "--port-file", str(self.ports / name)]
                 else:  # several edges in one process (topology.edge_processes): each writes its own port file
-                    if any(e in self.via for e in members):
-                        raise TestbedError(f"edges {', '.join(members)} share a process: no proxy (via) in front of one")
+                    if any(e in self.via or e in self._callers_args for e in members):
+                        raise TestbedError(f"edges {', '.join(members)} share a process: no proxy (via) in front of "
+                                           f"one, no arguments (extra_args) for one alone")
                     name = edge_group_name(g)
                     args = [a for e in members for a in ("--id", e)] + ["--cloud", cloud_address,
                                                                         "--port-file", str(self.ports / "{id}")]

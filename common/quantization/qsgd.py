@@ -103,17 +103,13 @@ def qsgd_dequantize(norms: np.ndarray, codes: np.ndarray, levels: int, bucket_si
     """Inverse map of `qsgd_quantize`: sign * norm_of_bucket * level / s, as float32."""
     codes = np.asarray(codes, dtype=np.uint32)
     size = codes.size if bucket_size == 0 else bucket_size
-    level = (codes >> 1).view(np.int32)  # levels < 2^15
-    minus = (codes & 1).view(np.int32)
-    np.negative(minus, out=minus)  # 0 or all ones: (level ^ m) - m is -level where the sign bit is set
-    level ^= minus
-    level -= minus
-    out = level.astype(np.float64)  # sign * level, then * norm / s as before (the same float64 products)
-    if bucket_size == 0 or len(norms) == 1:
+    out = (codes >> 1).astype(np.float64)  # level * norm / s, then the sign bit where the code has it: the same
+    if bucket_size == 0:                    # bits as (sign * norm) * level / s, -0.0 included (a sign flip is exact)
         out *= float(np.asarray(norms, np.float64).reshape(-1)[0]) if codes.size else 1.0
     else:
         out *= np.repeat(np.asarray(norms, np.float64), max(size, 1))[:codes.size]
     out /= levels
+    out.view(np.uint64)[...] |= (codes & 1).astype(np.uint64) << np.uint64(63)
     return out.astype(np.float32)
 
 

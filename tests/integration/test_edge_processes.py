@@ -5,8 +5,10 @@ import socket
 import ssl
 
 import grpc
+import pytest
 
 from hfl.common import certs
+from hfl.testbed import TestbedError
 from hfl.proto import hfl_v1_pb2 as pb
 from hfl.proto import hfl_v1_pb2_grpc as pbg
 
@@ -66,3 +68,11 @@ def test_edges_sharing_a_process_under_mutual_tls(hfl_testbed, tmp_path):
     assert summary["refused"] >= 2
     log = (bed.run_dir / "logs" / "edge-c0.log").read_text()
     assert "refused unknown_device from ipv4:127.0.0.1" in log and "refused identity_mismatch" in log, log[-2000:]
+
+
+def test_one_edge_of_a_shared_process_cannot_be_given_its_own_arguments(hfl_testbed):
+    """`--trust untrusted` (or a proxy) for edge-000 alone cannot apply to a process serving edge-000 and edge-001:
+    refused, not silently dropped."""
+    for extra in ({"extra_args": {"edge-000": ["--trust", "untrusted"]}}, {"via": {"edge-001": "127.0.0.1:9"}}):
+        with pytest.raises(TestbedError, match="share a process"):
+            hfl_testbed(overrides=SMALL + ["topology.edge_processes=1"], **extra)

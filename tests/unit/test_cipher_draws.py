@@ -147,6 +147,8 @@ def test_numpy_facing_draws_have_their_laws():
     b = g.laplace(-1.0, 0.5, size=n)  # variance 2 b^2, kurtosis 6: var of the sample variance (2 + 6 - 1) ... / n
     assert abs(b.mean() + 1.0) < 5 * math.sqrt(2 * 0.25 / n) and abs(b.var() / 0.5 - 1) < 5 * math.sqrt(5 / n)
     assert isinstance(g.random(), float) and isinstance(g.normal(), float)
+    spread = g.normal(0.0, np.ones(3))  # numpy's rule without `size`: one draw per element of the parameters
+    assert spread.shape == (3,) and len(set(spread.tolist())) == 3 and g.laplace(np.zeros((2, 2))).shape == (2, 2)
     assert g.standard_normal(3, dtype=np.float32).dtype == np.float32
 
 

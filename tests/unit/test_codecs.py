@@ -193,3 +193,17 @@ def test_nothing_but_wire_errors_come_out_of_garbage():
             assert err.code == grpc.StatusCode.INVALID_ARGUMENT
 
     check()
+
+
+def test_qsgd_dequantize_is_sign_norm_level_over_s_bit_for_bit():
+    """qsgd_dequantize against its formula in float64, byte for byte: sign * norm * level / s, so a negative value
+    quantized to level 0 decodes to -0.0 (the sign bit kept), per bucket and for the whole vector."""
+    from hfl.common.quantization import qsgd
+
+    codes = np.array([1, 2, 0, 9, 7, 1 << 1, (3 << 1) | 1], np.uint32)  # (level << 1) | sign
+    for norms, bucket in ((np.array([2.5], np.float32), 0), (np.array([2.5, 0.75], np.float32), 4)):
+        got = qsgd.qsgd_dequantize(norms, codes, 4, bucket)
+        norm_of = np.repeat(norms.astype(np.float64), 4 if bucket else codes.size)[:codes.size]
+        want = ((1.0 - 2.0 * (codes & 1)) * norm_of * (codes >> 1) / 4).astype(np.float32)
+        assert got.tobytes() == want.tobytes()
+        assert np.signbit(got[0]) and got[0] == 0.0

@@ -664,18 +664,11 @@ def noisy_sum(total: torch.Tensor, scales, layout: WaveletLayout | None, generat
     layout, on each Haar coefficient (IHWT(HWT(total) + noise), computed as total + IHWT(noise)). `scales` as
     noise_scales gives them (or, with a layout, their compact_scales). `total` is [P] or [B, P] (B releases); it is
     updated in place where that saves a copy."""
-    if layout is None:
-        draws = as_draws(generator)
-        scale = float(scales)
-        noise = draws.randn(out=out, scale=scale) if out is not None and out.shape == total.shape \
-            else draws.randn(*total.shape, scale=scale)
-        return total.add_(noise)
+    if layout is None and out is not None and out.shape == total.shape:  # the caller's buffer for the draw
+        return total.add_(as_draws(generator).randn(out=out, scale=float(scales)))
     # IHWT(HWT(total) + z) = total + IHWT(z): only the noise is transformed, and only where it reaches [0, P)
     rows = total.reshape(-1, total.shape[-1])
-    start = 0
-    for size, noise in zip(layout.segments, wavelet_noise(layout, scales, generator, rows.shape[0])):
-        rows[:, start:start + size] += noise
-        start += size
+    rows += noise_rows(rows.shape[0], rows.shape[1], scales, layout, generator)
     return total
 
 

@@ -1,7 +1,7 @@
 """A round of each paper's own workload against the 2-core limit. Run:
 
-    python benchmarks/bench_workloads.py [000 001 002 003 004] [--rounds 2] [--repeats 1] [--json FILE]
-        [--emulator-only] [--report FILE.md]
+    python benchmarks/bench_workloads.py [000 001 002 003 004] [--rounds 4] [--repeats 1] [--json FILE]
+        [--emulator-only] [--eval] [--report FILE.md]
 
 --emulator-only skips the reference (the per-round wall times the README quotes); --report writes a markdown
 report with the command, the commit, the seeds and the load average beside every figure (benchmarks/reports/).
@@ -18,8 +18,12 @@ The reference is the same local training with no RPC and no mechanism: every dev
 the same number of plain SGD steps of the same batch size on its own shard from the round's model, split over 2
 processes (one torch thread each, half the devices each, weights averaged through pipes), timed in the same repeat.
 The count of steps per device per round comes from the round plan (plans.build_plan: local_sgd steps or epochs,
-local_dp_sgd steps of lots of q n, one minibatch per edge/air gradient step). Reported: median round time of the
-emulator (rounds after the first) / median round of the reference, start-up (launch to round 0, from the first
+local_dp_sgd steps of lots of q n, one minibatch per edge/air gradient step). The reference evaluates nothing, so
+by default neither does a timed round of the emulator: the cloud evaluates rounds 0 and the last only
+(run.eval_every = rounds) and rounds from 2 on are timed (round 0's evaluation overlaps round 1); --eval keeps the
+config's evaluation and times rounds from 1 on. Reported: median timed round of the emulator / median round of the
+reference (rounds after the first); CPU per round, the testbed's summed process CPU between the checkpoints that
+bound the timed rounds (no start-up, no shutdown) / the reference's; start-up (launch to round 0, from the first
 checkpoint) and the peak summed PSS of every process of the testbed.
 """
 from __future__ import annotations
@@ -31,6 +35,7 @@ import multiprocessing as mp
 import pathlib
 import statistics
 import sys
+import threading
 import time
 
 import psutil
@@ -160,13 +165,21 @@ def reference_round_seconds(cfg, rounds: int, active: int, processes: int = 2) -
     return times, cpus
 
 
-def bench(name: str, rounds: int, repeats: int, extra: list[str], reference: bool = True) -> dict:
+def bench(name: str, rounds: int, repeats: int, extra: list[str], reference: bool = True,
+          evaluate: bool = False) -> dict:
+    """Without `evaluate`, the cloud evaluates only rounds 0 and the last (run.eval_every = rounds), and only rounds
+    from 2 on are timed (round 0's evaluation overlaps round 1): the reference evaluates nothing."""
+    if not evaluate:
+        extra = [f"run.eval_every={rounds}", *extra]
+    timed_from = 1 if evaluate else 2
+    if rounds <= timed_from:
+        raise SystemExit(f"--rounds {rounds}: at least {timed_from + 1} rounds, the first {timed_from} not timed")
     path, overrides = workload_config(name, rounds, extra)
     cfg = config_mod.load(path, overrides)
     active = cfg.precision.participants if name == "004" and cfg.precision.participants else cfg.num_devices
     reps = []
     for i in range(repeats):
-        emu = _emulated_file(path, overrides)
+        emu = _emulated_file(path, overrides, timed_from)
         if not reference:
             reps.append(emu)
             print(f"[{name}] repeat {i + 1}/{repeats}: rounds {', '.join(f'{t:.2f}s' for t in emu['rounds_seconds'])}; "
@@ -195,54 +208,71 @@ def bench(name: str, rounds: int, repeats: int, extra: list[str], reference: boo
             "overrides": overrides}
 
 
-def _emulated_file(path: str | None, overrides: list[str]) -> dict:
-    """bench_round.emulated with a config file: round time, start-up, peak summed PSS of the testbed."""
+def _emulated_file(path: str | None, overrides: list[str], timed_from: int = 1) -> dict:
+    """bench_round.emulated with a config file: round time, CPU per round, start-up, peak summed PSS of the testbed.
+
+    Rounds from `timed_from` on are timed: wall time is the median of their round_seconds, CPU the testbed's summed
+    process CPU from the checkpoint of round timed_from - 1 to the last round's checkpoint, so neither the start-up
+    nor the shutdown (summary, plots) counts."""
     import tempfile
 
     from bench_round import MemorySampler
 
     from hfl.testbed import Testbed
-    class Sampler(MemorySampler):
-        """Also the summed CPU seconds of the testbed's processes when round 0 ends and at the last poll (a process
-        that has exited keeps its last reading)."""
 
-        cpu_first = cpu_last = None
+    class CheckpointCpu(threading.Thread):
+        """The summed CPU seconds of the testbed's processes at each new checkpoint (the end of each round), polled
+        every 20 ms; a process that has exited keeps its last reading."""
 
-        def poll(self) -> None:
-            self.seen_cpu = getattr(self, "seen_cpu", {})
+        def __init__(self, bed: Testbed):
+            super().__init__(daemon=True)
+            self.bed, self.stop, self.seen, self.at_checkpoint = bed, threading.Event(), {}, []
+
+        def cpu(self) -> float:
             for node in list(self.bed.nodes.values()):
                 try:
                     proc = psutil.Process(node.proc.pid)
                     for p in [proc] + proc.children(recursive=True):
                         t = p.cpu_times()
-                        self.seen_cpu[p.pid] = t.user + t.system
+                        self.seen[p.pid] = t.user + t.system
                 except psutil.Error:
                     pass
-            self.cpu_last = sum(self.seen_cpu.values())
-            before = self.first_checkpoint
-            super().poll()
-            if before is None and self.first_checkpoint is not None:
-                self.cpu_first = self.cpu_last
+            return sum(self.seen.values())
+
+        def run(self) -> None:
+            last = None
+            while not self.stop.wait(0.02):
+                try:
+                    mtime = (self.bed.run_dir / "checkpoint.npz").stat().st_mtime_ns
+                except OSError:
+                    continue
+                if mtime != last:
+                    last = mtime
+                    self.at_checkpoint.append(self.cpu())
 
     with tempfile.TemporaryDirectory() as tmp, Testbed(path, overrides, run_dir=pathlib.Path(tmp) / "run",
                                                      start_timeout=900) as bed:
         launched = time.time()
-        sampler = Sampler(bed)
+        sampler, cpu = MemorySampler(bed), CheckpointCpu(bed)
         sampler.start()
+        cpu.start()
         bed.wait(timeout=3600)
-        sampler.stop.set()
-        sampler.join()
+        for thread in (sampler, cpu):
+            thread.stop.set()
+            thread.join()
         rows = bed.metrics()
         summary = json.loads((bed.run_dir / "summary.json").read_text())
         processes = len(bed.nodes)
-    steady = rows[1:] if len(rows) > 1 else rows
-    out = {"round_seconds": statistics.median(r["round_seconds"] for r in steady),
+    timed = rows[timed_from:] or rows[-1:]
+    marks = cpu.at_checkpoint
+    out = {"round_seconds": statistics.median(r["round_seconds"] for r in timed),
            "rounds_seconds": [r["round_seconds"] for r in rows], "total_seconds": summary.get("total_seconds"),
            "final_accuracy": summary.get("final_accuracy", float("nan")), "processes": processes,
-           "peak_pss_bytes": sampler.peak_pss, "peak_rss_bytes": sampler.peak_rss,
-           # CPU from the end of round 0 to the last poll (the later rounds, their evaluation and the shutdown)
-           "round_cpu_seconds": (sampler.cpu_last - sampler.cpu_first) / max(1, len(rows) - 1)
-           if sampler.cpu_first is not None and sampler.cpu_last is not None else float("nan")}
+           "peak_pss_bytes": sampler.peak_pss, "peak_rss_bytes": sampler.peak_rss, "timed_rounds": len(timed),
+           "round_cpu_seconds": (marks[-1] - marks[timed_from - 1]) / (len(marks) - timed_from)
+           if len(marks) == len(rows) and len(marks) > timed_from else float("nan")}
+    if len(marks) != len(rows):
+        print(f"  (saw {len(marks)} checkpoints for {len(rows)} rounds: no CPU per round)", flush=True)
     if "startup_seconds" in summary:
         out["startup_seconds"] = summary["startup_seconds"]
     elif sampler.first_checkpoint is not None:
@@ -268,8 +298,10 @@ def write_report(path: pathlib.Path, report: dict, args) -> None:
              f"- machine: {os.cpu_count()} cores, {psutil.virtual_memory().total / 2 ** 30:.0f} GiB, "
              f"{platform.platform()}; niceness {os.nice(0)}; load average at the end "
              f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} (a shared machine: other work ran beside it)",
-             f"- rounds per run: {args.rounds} (round 0 includes warm-up and is not in the median); repeats: "
-             f"{args.repeats}", "",
+             f"- rounds per run: {args.rounds}; timed: "
+             + ("rounds 1 on, the config's evaluation kept (--eval)" if args.eval else
+                "rounds 2 on, evaluation only of rounds 0 and the last (the reference evaluates nothing)")
+             + f"; CPU per round between the checkpoints that bound the timed rounds; repeats: {args.repeats}", "",
              "| workload | config (+ overrides) | seed | topology | model | median round (s) | every round (s) | "
              "start-up (s) | whole run (s) | final accuracy |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in report.items():
@@ -290,7 +322,10 @@ def write_report(path: pathlib.Path, report: dict, args) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("workloads", nargs="*", default=sorted(WORKLOADS), choices=sorted(WORKLOADS))
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of the emulated run (the first is not timed)")
+    parser.add_argument("--rounds", type=int, default=4,
+                        help="rounds of the emulated run (the first two are not timed, the first with --eval)")
+    parser.add_argument("--eval", action="store_true",
+                        help="keep the config's evaluation every round (the reference evaluates nothing)")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--set", action="append", default=[], help="extra override for every workload")
     parser.add_argument("--json", help="also write the results here")
@@ -299,7 +334,8 @@ def main() -> int:
     args = parser.parse_args()
     report = {}
     for name in args.workloads:
-        report[name] = bench(name, args.rounds, args.repeats, args.set, reference=not args.emulator_only)
+        report[name] = bench(name, args.rounds, args.repeats, args.set, reference=not args.emulator_only,
+                               evaluate=args.eval)
         if args.report:
             write_report(pathlib.Path(args.report), report, args)  # after each workload: a long one may not end
         m = report[name]["median"]

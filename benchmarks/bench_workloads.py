@@ -21,9 +21,9 @@ The count of steps per device per round comes from the round plan (plans.build_p
 local_dp_sgd steps of lots of q n, one minibatch per edge/air gradient step). The reference evaluates nothing, so
 by default neither does a timed round of the emulator: the cloud evaluates rounds 0 and the last only
 (run.eval_every = rounds) and rounds from 2 on are timed (round 0's evaluation overlaps round 1); --eval keeps the
-config's evaluation and times rounds from 1 on. Reported: median timed round of the emulator / median round of the
-reference (rounds after the first); CPU per round, the testbed's summed process CPU between the checkpoints that
-bound the timed rounds (no start-up, no shutdown) / the reference's; start-up (launch to round 0, from the first
+config's evaluation and times rounds from 1 on. Reported: wall time and the testbed's summed process CPU per timed
+round, between the checkpoints that bound the timed rounds (the work between rounds counts; start-up and shutdown
+do not) / the reference's median round (rounds after the first); start-up (launch to round 0, from the first
 checkpoint) and the peak summed PSS of every process of the testbed.
 """
 from __future__ import annotations
@@ -211,9 +211,10 @@ def bench(name: str, rounds: int, repeats: int, extra: list[str], reference: boo
 def _emulated_file(path: str | None, overrides: list[str], timed_from: int = 1) -> dict:
     """bench_round.emulated with a config file: round time, CPU per round, start-up, peak summed PSS of the testbed.
 
-    Rounds from `timed_from` on are timed: wall time is the median of their round_seconds, CPU the testbed's summed
-    process CPU from the checkpoint of round timed_from - 1 to the last round's checkpoint, so neither the start-up
-    nor the shutdown (summary, plots) counts."""
+    Rounds from `timed_from` on are timed, between the checkpoint of round timed_from - 1 and the last round's
+    checkpoint: wall time and the testbed's summed process CPU per round, so the work between two rounds (the
+    checkpoint, the metrics row) counts and neither the start-up nor the shutdown (summary, plots) does. (A round's
+    own round_seconds, in rounds_seconds, runs from its task to its aggregate.)"""
     import tempfile
 
     from bench_round import MemorySampler
@@ -221,8 +222,8 @@ def _emulated_file(path: str | None, overrides: list[str], timed_from: int = 1) 
     from hfl.testbed import Testbed
 
     class CheckpointCpu(threading.Thread):
-        """The summed CPU seconds of the testbed's processes at each new checkpoint (the end of each round), polled
-        every 20 ms; a process that has exited keeps its last reading."""
+        """(wall time, summed CPU seconds of the testbed's processes) at each new checkpoint (the end of each round),
+        polled every 20 ms; a process that has exited keeps its last reading."""
 
         def __init__(self, bed: Testbed):
             super().__init__(daemon=True)
@@ -248,7 +249,7 @@ def _emulated_file(path: str | None, overrides: list[str], timed_from: int = 1) 
                     continue
                 if mtime != last:
                     last = mtime
-                    self.at_checkpoint.append(self.cpu())
+                    self.at_checkpoint.append((time.perf_counter(), self.cpu()))
 
     with tempfile.TemporaryDirectory() as tmp, Testbed(path, overrides, run_dir=pathlib.Path(tmp) / "run",
                                                      start_timeout=900) as bed:
@@ -265,14 +266,15 @@ def _emulated_file(path: str | None, overrides: list[str], timed_from: int = 1) 
         processes = len(bed.nodes)
     timed = rows[timed_from:] or rows[-1:]
     marks = cpu.at_checkpoint
-    out = {"round_seconds": statistics.median(r["round_seconds"] for r in timed),
+    ok = len(marks) == len(rows) and len(marks) > timed_from
+    span = [b - a for a, b in zip(marks[timed_from - 1], marks[-1])] if ok else [float("nan")] * 2
+    out = {"round_seconds": span[0] / len(timed),
            "rounds_seconds": [r["round_seconds"] for r in rows], "total_seconds": summary.get("total_seconds"),
            "final_accuracy": summary.get("final_accuracy", float("nan")), "processes": processes,
            "peak_pss_bytes": sampler.peak_pss, "peak_rss_bytes": sampler.peak_rss, "timed_rounds": len(timed),
-           "round_cpu_seconds": (marks[-1] - marks[timed_from - 1]) / (len(marks) - timed_from)
-           if len(marks) == len(rows) and len(marks) > timed_from else float("nan")}
-    if len(marks) != len(rows):
-        print(f"  (saw {len(marks)} checkpoints for {len(rows)} rounds: no CPU per round)", flush=True)
+           "round_cpu_seconds": span[1] / len(timed)}
+    if not ok:
+        print(f"  (saw {len(marks)} checkpoints for {len(rows)} rounds: no time per round)", flush=True)
     if "startup_seconds" in summary:
         out["startup_seconds"] = summary["startup_seconds"]
     elif sampler.first_checkpoint is not None:
@@ -301,20 +303,27 @@ def write_report(path: pathlib.Path, report: dict, args) -> None:
              f"- rounds per run: {args.rounds}; timed: "
              + ("rounds 1 on, the config's evaluation kept (--eval)" if args.eval else
                 "rounds 2 on, evaluation only of rounds 0 and the last (the reference evaluates nothing)")
-             + f"; CPU per round between the checkpoints that bound the timed rounds; repeats: {args.repeats}", "",
-             "| workload | config (+ overrides) | seed | topology | model | median round (s) | every round (s) | "
-             "start-up (s) | whole run (s) | final accuracy |", "|---|---|---|---|---|---|---|---|---|---|"]
+             + "; wall time and CPU per round between the checkpoints that bound the timed rounds (every round's "
+             f"own task-to-aggregate time is listed apart); repeats: {args.repeats}", "",
+             "| workload | config (+ overrides) | seed | topology | model | round (s) | reference (s) | wall ratio | "
+             "CPU a round (s) | reference CPU (s) | CPU ratio | every round's own (s) | start-up (s) | peak PSS (GiB) | "
+             "final accuracy |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def cell(reps: list, key: str, fmt: str = "{:.2f}") -> str:
+        return "; ".join(fmt.format(x[key]) if key in x else "-" for x in reps)
+
     for name, r in report.items():
         reps = r["repeats"]
         extra = " ".join(f"`{o}`" for o in r["overrides"] if not o.startswith(("run.rounds=", "run.name=")))
         each = "; ".join(", ".join(f"{t:.2f}" for t in x["rounds_seconds"]) for x in reps)
-        startup = "; ".join(f"{x.get('startup_seconds', float('nan')):.1f}" for x in reps)
-        total = "; ".join(str(x.get("total_seconds")) for x in reps)
-        accuracy = "; ".join(f"{x['final_accuracy']:.3f}" for x in reps)
-        median = statistics.median(x["round_seconds"] for x in reps)
         lines.append(f"| {name} {r['algorithm']} | `{r['config'] or '(built-in defaults)'}` {extra} | {r['seed']} | "
-                     f"{r['edges']} x {r['devices_per_edge']} ({r['dataset']}) | {r['model']} | {median:.2f} | {each} | "
-                     f"{startup} | {total} | {accuracy} |")
+                     f"{r['edges']} x {r['devices_per_edge']} ({r['dataset']}) | {r['model']} | "
+                     f"{cell(reps, 'round_seconds')} | {cell(reps, 'reference_round_seconds')} | "
+                     f"{cell(reps, 'ratio', '**{:.2f}x**')} | {cell(reps, 'round_cpu_seconds')} | "
+                     f"{cell(reps, 'reference_round_cpu_seconds')} | {cell(reps, 'cpu_ratio', '**{:.2f}x**')} | {each} | "
+                     f"{cell(reps, 'startup_seconds', '{:.1f}')} | "
+                     f"{'; '.join(format(x['peak_pss_bytes'] / 2 ** 30, '.2f') for x in reps)} | "
+                     f"{cell(reps, 'final_accuracy', '{:.3f}')} |")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
 

@@ -202,6 +202,7 @@ class Testbed:
         self._rounds_running = False
         self._created = time.monotonic()  # whole wall time: config checks and start-up included
         self.data_info: dict = {}
+        self.stopped_orphans: list[str] = []  # device hosts stopped after the end: their edge was gone
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def __enter__(self) -> "Testbed":
@@ -470,15 +471,47 @@ class Testbed:
         for _ in self.iter_metrics(timeout):
             pass
         deadline = time.monotonic() + 30
+        orphaned_since = None
         while self.running() and time.monotonic() < deadline:
             self.check()
+            if len(self._orphaned_hosts()) == len(self.running()):
+                orphaned_since = orphaned_since or time.monotonic()
+                if time.monotonic() - orphaned_since > 3:
+                    break
             time.sleep(0.1)
         self.check()
+        self._stop_orphans()
         lingering = [n.name for n in self.running()]
         if lingering:
             self.close()
             raise TestbedError(f"processes still running 30s after the cloud finished: {lingering}")
         return self._complete_summary()
+
+    def _orphaned_hosts(self) -> list[Node]:
+        """Device hosts still running once the cloud and every edge process have exited, where an edge process ended
+        killed or crashed: their devices of that edge cannot learn that the run ended (only their edge tells them)
+        and would retry it for ever."""
+        nodes = list(self.nodes.values())
+        if any(n.returncode() is None for n in nodes if not n.name.startswith("devices")):
+            return []
+        if not any(n.name.startswith("edge") and n.returncode() != 0 for n in nodes):
+            return []
+        return [n for n in nodes if n.name.startswith("devices") and n.returncode() is None]
+
+    def _stop_orphans(self, grace: float = 5.0) -> None:
+        """Stop the orphaned device hosts (SIGTERM, then SIGKILL after `grace`): an end of the run, not a failure;
+        the summary names them (`stopped_device_hosts`)."""
+        orphans = self._orphaned_hosts()
+        for node in orphans:
+            node.expected_exit = True
+            _signal_group(node, signal.SIGTERM)
+        for node in orphans:
+            try:
+                node.proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                _signal_group(node, signal.SIGKILL)
+                node.proc.wait(timeout=30)
+        self.stopped_orphans += [n.name for n in orphans]
 
     def summary(self) -> dict:
         import json
@@ -505,5 +538,7 @@ class Testbed:
         summary["total_seconds"] = round(time.monotonic() - self._created, 2)
         verdict = not_learning(self.metrics(), self.data_info.get("num_classes"))
         summary["not_learning"] = verdict
+        if self.stopped_orphans:
+            summary["stopped_device_hosts"] = sorted(set(self.stopped_orphans))
         metrics.write_json(self.run_dir / "summary.json", summary)
         return summary

@@ -3,6 +3,7 @@ TLS each edge presents its own certificate on its own port, and an edge that sha
 device whose certificate names another edge's device."""
 import socket
 import ssl
+import time
 
 import grpc
 import pytest
@@ -76,3 +77,31 @@ def test_one_edge_of_a_shared_process_cannot_be_given_its_own_arguments(hfl_test
     for extra in ({"extra_args": {"edge-000": ["--trust", "untrusted"]}}, {"via": {"edge-001": "127.0.0.1:9"}}):
         with pytest.raises(TestbedError, match="share a process"):
             hfl_testbed(overrides=SMALL + ["topology.edge_processes=1"], **extra)
+
+
+def test_a_crash_of_a_shared_edge_process_loses_its_edges_and_the_run_goes_on(hfl_testbed):
+    """kill -9 of the process serving edge-002 and edge-003 after round 0: the cloud notices both edges lost, goes
+    on with the other process's edges and their devices, and the run ends; the group cannot be restarted (its
+    edges' ports would change), which the testbed says. The device host left with only those edges' devices is
+    stopped once everything else has ended."""
+    bed = hfl_testbed(overrides=SMALL + ["topology.edges=4", "topology.edge_processes=2", "run.rounds=4",
+                                         "net.rejoin_grace_s=2"])
+    assert sorted(n for n in bed.nodes if n.startswith("edge-")) == ["edge-c0", "edge-c1"]
+    rows = []
+    for row in bed.iter_metrics(timeout=300):
+        rows.append(row)
+        if len(rows) == 1:
+            bed.kill("edge-c1")
+            with pytest.raises(TestbedError, match="serves several edges"):
+                bed.restart("edge-c1")
+    started = time.monotonic()
+    summary = bed.wait(timeout=300)
+    assert time.monotonic() - started < 60
+    assert summary["rounds"] == 4
+    # the host of edge-002's and edge-003's devices never hears that the run ended: stopped, named, not a failure
+    assert summary["stopped_device_hosts"] == ["devices-c1"] and bed.failures() == []
+    assert rows[0]["edges"] == 4 and rows[0]["devices"] == 12
+    assert rows[-1]["edges"] == 2 and rows[-1]["devices"] == 6
+    cloud = (bed.run_dir / "logs" / "cloud.log").read_text()
+    assert "lost edge-002" in cloud and "lost edge-003" in cloud, cloud[-2000:]
+    assert "lost edge-000" not in cloud and "lost edge-001" not in cloud

@@ -171,6 +171,24 @@ def test_device_host_killed_for_good_the_run_goes_on(hfl_testbed):
     assert "dropping dev-00005" in (tb.run_dir / "logs" / "edge-001.log").read_text()
 
 
+def test_edge_killed_for_good_the_run_goes_on_and_its_hosts_are_stopped_at_the_end(hfl_testbed):
+    """An edge that never comes back: the run goes on with the other edge, and its device host (whose devices only
+    their edge could tell that the run ended) is stopped once everything else has ended: named in the summary, not a
+    failure, no 30 s wait."""
+    tb = hfl_testbed(overrides=SMALL + ["run.rounds=4", "net.rejoin_grace_s=2"])
+    rows = []
+    for row in tb.iter_metrics(timeout=300):
+        rows.append(row)
+        if len(rows) == 1:
+            tb.kill("edge-001")
+    started = time.monotonic()
+    summary = tb.wait(timeout=300)
+    assert time.monotonic() - started < 25
+    assert summary["rounds"] == 4 and summary["stopped_device_hosts"] == ["devices-001-0"]
+    assert rows[0]["edges"] == 2 and rows[-1]["edges"] == 1 and rows[-1]["devices"] == 3
+    assert tb.failures() == [] and tb.deaths() == []
+
+
 @pytest.mark.parametrize("clip", ["identity", "clip_l2"])
 def test_a_diverging_device_sits_out_and_its_host_survives(hfl_testbed, clip):
     # lr = 1e30 makes every local model non-finite: each device sends nothing, withdraws from the round and goes

@@ -166,9 +166,10 @@ def reference_round_seconds(cfg, rounds: int, active: int, processes: int = 2) -
 
 
 def bench(name: str, rounds: int, repeats: int, extra: list[str], reference: bool = True,
-          evaluate: bool = False) -> dict:
+          evaluate: bool = False, bracket: bool = False) -> dict:
     """Without `evaluate`, the cloud evaluates only rounds 0 and the last (run.eval_every = rounds), and only rounds
-    from 2 on are timed (round 0's evaluation overlaps round 1): the reference evaluates nothing."""
+    from 2 on are timed (round 0's evaluation overlaps round 1): the reference evaluates nothing. With `bracket`
+    the reference runs before and after the emulator in each repeat and the ratio takes the mean of the two."""
     if not evaluate:
         extra = [f"run.eval_every={rounds}", *extra]
     timed_from = 1 if evaluate else 2
@@ -178,7 +179,13 @@ def bench(name: str, rounds: int, repeats: int, extra: list[str], reference: boo
     cfg = config_mod.load(path, overrides)
     active = cfg.precision.participants if name == "004" and cfg.precision.participants else cfg.num_devices
     reps = []
+
+    def plain() -> tuple[float, float]:
+        walls, cpus = reference_round_seconds(cfg, max(2, rounds), active)
+        return statistics.median(walls[1:]), statistics.median(cpus[1:])
+
     for i in range(repeats):
+        before = plain() if reference and bracket else None
         emu = _emulated_file(path, overrides, timed_from)
         if not reference:
             reps.append(emu)
@@ -186,14 +193,19 @@ def bench(name: str, rounds: int, repeats: int, extra: list[str], reference: boo
                   f"start-up {emu.get('startup_seconds', float('nan')):.1f}s; accuracy {emu['final_accuracy']:.3f}",
                   flush=True)
             continue
-        walls, cpus = reference_round_seconds(cfg, max(2, rounds), active)
-        ref, ref_cpu = statistics.median(walls[1:]), statistics.median(cpus[1:])
+        after = plain()
+        if before:  # the machine's speed drifts over a long run: the mean of the reference before and after it
+            emu["reference_before_after"] = [before, after]
+            ref, ref_cpu = (before[0] + after[0]) / 2, (before[1] + after[1]) / 2
+        else:
+            ref, ref_cpu = after
         emu["reference_round_seconds"], emu["reference_round_cpu_seconds"] = ref, ref_cpu
         emu["ratio"] = emu["round_seconds"] / ref
         emu["cpu_ratio"] = emu["round_cpu_seconds"] / ref_cpu
         reps.append(emu)
         print(f"[{name}] repeat {i + 1}/{repeats}: round {emu['round_seconds']:.2f}s = {emu['ratio']:.2f}x the "
-              f"2-process reference ({ref:.2f}s); CPU per round {emu['round_cpu_seconds']:.2f}s = "
+              f"2-process reference ({ref:.2f}s"
+              + (f": {before[0]:.2f}s before, {after[0]:.2f}s after" if before else "") + "); CPU per round {emu['round_cpu_seconds']:.2f}s = "
               f"{emu['cpu_ratio']:.2f}x the reference's ({ref_cpu:.2f}s); start-up "
               f"{emu.get('startup_seconds', float('nan')):.1f}s; peak PSS "
               f"{emu['peak_pss_bytes'] / 2 ** 30:.2f} GiB; {emu['processes']} processes; accuracy "
@@ -318,7 +330,9 @@ def write_report(path: pathlib.Path, report: dict, args) -> None:
         each = "; ".join(", ".join(f"{t:.2f}" for t in x["rounds_seconds"]) for x in reps)
         lines.append(f"| {name} {r['algorithm']} | `{r['config'] or '(built-in defaults)'}` {extra} | {r['seed']} | "
                      f"{r['edges']} x {r['devices_per_edge']} ({r['dataset']}) | {r['model']} | "
-                     f"{cell(reps, 'round_seconds')} | {cell(reps, 'reference_round_seconds')} | "
+                     f"{cell(reps, 'round_seconds')} | {cell(reps, 'reference_round_seconds')}"
+                     + "".join(f" ({x['reference_before_after'][0][0]:.2f} before, {x['reference_before_after'][1][0]:.2f} "
+                               "after)" for x in reps if "reference_before_after" in x) + " | "
                      f"{cell(reps, 'ratio', '**{:.2f}x**')} | {cell(reps, 'round_cpu_seconds')} | "
                      f"{cell(reps, 'reference_round_cpu_seconds')} | {cell(reps, 'cpu_ratio', '**{:.2f}x**')} | {each} | "
                      f"{cell(reps, 'startup_seconds', '{:.1f}')} | "
@@ -333,6 +347,9 @@ def main() -> int:
     parser.add_argument("workloads", nargs="*", default=sorted(WORKLOADS), choices=sorted(WORKLOADS))
     parser.add_argument("--rounds", type=int, default=4,
                         help="rounds of the emulated run (the first two are not timed, the first with --eval)")
+    parser.add_argument("--bracket", action="store_true",
+                        help="time the reference before and after the emulator in each repeat (their mean): for long "
+                             "workloads, over which the machine's speed drifts")
     parser.add_argument("--eval", action="store_true",
                         help="keep the config's evaluation every round (the reference evaluates nothing)")
     parser.add_argument("--repeats", type=int, default=1)
@@ -344,14 +361,14 @@ def main() -> int:
     report = {}
     for name in args.workloads:
         report[name] = bench(name, args.rounds, args.repeats, args.set, reference=not args.emulator_only,
-                               evaluate=args.eval)
+                               evaluate=args.eval, bracket=args.bracket)
         if args.report:
             write_report(pathlib.Path(args.report), report, args)  # after each workload: a long one may not end
         m = report[name]["median"]
         if args.emulator_only:
             continue
         print(f"({name}) {report[name]['algorithm']}, {report[name]['devices']} devices, {report[name]['model']}: "
-              f"median round {m['round_seconds']:.2f}s = {m['ratio']:.2f}x the 2-process reference (target <= 1.15); "
+              f"round {m['round_seconds']:.2f}s = {m['ratio']:.2f}x the 2-process reference (target <= 1.15); "
               f"start-up {m.get('startup_seconds', float('nan')):.1f}s; peak PSS {m['peak_pss_bytes'] / 2 ** 30:.2f} "
               f"GiB", flush=True)
     if args.json:

@@ -205,7 +205,7 @@ def bench(name: str, rounds: int, repeats: int, extra: list[str], reference: boo
         reps.append(emu)
         print(f"[{name}] repeat {i + 1}/{repeats}: round {emu['round_seconds']:.2f}s = {emu['ratio']:.2f}x the "
               f"2-process reference ({ref:.2f}s"
-              + (f": {before[0]:.2f}s before, {after[0]:.2f}s after" if before else "") + "); CPU per round {emu['round_cpu_seconds']:.2f}s = "
+              + (f": {before[0]:.2f}s before, {after[0]:.2f}s after" if before else "") + f"); CPU per round {emu['round_cpu_seconds']:.2f}s = "
               f"{emu['cpu_ratio']:.2f}x the reference's ({ref_cpu:.2f}s); start-up "
               f"{emu.get('startup_seconds', float('nan')):.1f}s; peak PSS "
               f"{emu['peak_pss_bytes'] / 2 ** 30:.2f} GiB; {emu['processes']} processes; accuracy "

@@ -47,10 +47,12 @@ def mnist_cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """Small MNIST CNN: conv5x5(16) -> pool -> conv5x5(32) -> pool -> fc."""
     from torch import nn
 
+    from .pooling import MaxPool2d
+
     c, h, w = input_shape
     return nn.Sequential(
-        nn.Conv2d(c, 16, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(c, 16, 5, padding=2), nn.ReLU(), MaxPool2d(2),
+        nn.Conv2d(16, 32, 5, padding=2), nn.ReLU(), MaxPool2d(2),
         nn.Flatten(), nn.Linear(32 * (h // 4) * (w // 4), num_classes),
     )
 
@@ -61,10 +63,12 @@ def cifar_cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     after each pair, fc 128, fc 10; d = 591,274 on 32x32x3, 467,818 on 28x28x1."""
     from torch import nn
 
+    from .pooling import MaxPool2d
+
     c, h, w = input_shape
     return nn.Sequential(
-        nn.Conv2d(c, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(c, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(), MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(), MaxPool2d(2),
         nn.Flatten(), nn.Linear(64 * (h // 4) * (w // 4), 128), nn.ReLU(), nn.Linear(128, num_classes),
     )
 
@@ -75,10 +79,12 @@ def ota_cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     d = 225,034 on 28x28x1."""
     from torch import nn
 
+    from .pooling import MaxPool2d
+
     c, h, w = input_shape
     side = lambda n: ((n - 2) // 2 - 2) // 2  # noqa: E731
     return nn.Sequential(
-        nn.Conv2d(c, 32, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(c, 32, 3), nn.ReLU(), MaxPool2d(2), nn.Conv2d(32, 64, 3), nn.ReLU(), MaxPool2d(2),
         nn.Flatten(), nn.Linear(64 * side(h) * side(w), 128), nn.ReLU(), nn.Linear(128, num_classes),
     )
 

@@ -104,4 +104,4 @@ def test_a_crash_of_a_shared_edge_process_loses_its_edges_and_the_run_goes_on(hf
     assert rows[-1]["edges"] == 2 and rows[-1]["devices"] == 6
     cloud = (bed.run_dir / "logs" / "cloud.log").read_text()
     assert "lost edge-002" in cloud and "lost edge-003" in cloud, cloud[-2000:]
-    assert "lost edge-000" not in cloud and "lost edge-001" not in cloud
+    assert all(r["edges"] == 2 for r in rows[2:])  # the other process's edges stayed (their streams close at the end)

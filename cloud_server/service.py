@@ -471,6 +471,8 @@ class CloudServer(Gate, pbg.CloudServiceServicer):
         # an edge lost within its grace (reconnecting after a restart of this cloud) is told too, or it would go on
         # dialling a cloud that is gone
         returning = {e for e in self.live.lost if e in self.edges} - live
+        if self.resume:  # a resumed cloud whose run ends at once: edges not connected yet are on their way back
+            returning |= set(self.edges) - live - self.live.absent
         wait = self.cfg.net.grace_s + 10 + (self.cfg.net.rejoin_grace_s if returning else 0.0)
         missing = await self.board.wait_fetched(final, live | returning, wait)
         if missing:

@@ -171,6 +171,25 @@ def test_device_host_killed_for_good_the_run_goes_on(hfl_testbed):
     assert "dropping dev-00005" in (tb.run_dir / "logs" / "edge-001.log").read_text()
 
 
+def test_a_cloud_resumed_after_its_last_round_tells_the_returning_edges_that_the_run_ended(hfl_testbed):
+    """The cloud crashed after its last checkpoint, before its summary: resumed, it has no round left to run. Its
+    edges, back a moment later, must still be told that the run ended (or they dial a cloud that is gone for
+    ever): the cloud waits for them as for edges lost within their grace."""
+    tb = hfl_testbed(overrides=SMALL + ["run.rounds=2"])
+    tb.wait(timeout=300)
+    (tb.run_dir / "summary.json").unlink()
+    tb.restart("cloud", resume=True)
+    time.sleep(1.0)  # the resumed cloud has finished its (empty) loop before anyone is back
+    for name in [n for n in tb.nodes if n != "cloud"]:
+        tb.restart(name)
+    started = time.monotonic()
+    summary = tb.wait(timeout=300)
+    assert time.monotonic() - started < 30
+    assert summary["rounds"] == 2 and summary["resumed"] is True
+    cloud = (tb.run_dir / "logs" / "cloud.log").read_text()
+    assert "edges that did not collect the final task" not in cloud.split("resuming run")[-1]
+
+
 def test_edge_killed_for_good_the_run_goes_on_and_its_hosts_are_stopped_at_the_end(hfl_testbed):
     """An edge that never comes back: the run goes on with the other edge, and its device host (whose devices only
     their edge could tell that the run ended) is stopped once everything else has ended: named in the summary, not a

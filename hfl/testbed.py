@@ -405,9 +405,9 @@ class Testbed:
             _signal_group(node, sig)
             node.proc.wait(timeout=30)
 
-    def close(self, grace: float = 5.0) -> None:
-        """Terminate every process still running (SIGTERM, then SIGKILL after `grace`)."""
-        alive = self.running()
+    def close(self, grace: float = 5.0, nodes: list[Node] | None = None) -> None:
+        """Terminate every process still running, or those of `nodes` (SIGTERM, then SIGKILL after `grace`)."""
+        alive = [n for n in (self.running() if nodes is None else nodes) if n.returncode() is None]
         for node in alive:
             _signal_group(node, signal.SIGTERM)
         deadline = time.monotonic() + grace
@@ -498,19 +498,13 @@ class Testbed:
             return []
         return [n for n in nodes if n.name.startswith("devices") and n.returncode() is None]
 
-    def _stop_orphans(self, grace: float = 5.0) -> None:
-        """Stop the orphaned device hosts (SIGTERM, then SIGKILL after `grace`): an end of the run, not a failure;
-        the summary names them (`stopped_device_hosts`)."""
+    def _stop_orphans(self) -> None:
+        """Stop the orphaned device hosts (`close`): an end of the run, not a failure; the summary names them
+        (`stopped_device_hosts`)."""
         orphans = self._orphaned_hosts()
         for node in orphans:
             node.expected_exit = True
-            _signal_group(node, signal.SIGTERM)
-        for node in orphans:
-            try:
-                node.proc.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                _signal_group(node, signal.SIGKILL)
-                node.proc.wait(timeout=30)
+        self.close(nodes=orphans)
         self.stopped_orphans += [n.name for n in orphans]
 
     def summary(self) -> dict:

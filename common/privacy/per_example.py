@@ -123,9 +123,10 @@ def _bookkeeping_layers(model: nn.Module) -> list[tuple[str, nn.Module]] | None:
 
 
 def _bookkeeping_parts(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
-                       layers: list[tuple[str, nn.Module]]) -> tuple[dict, dict, torch.Tensor]:
+                       layers: list[tuple[str, nn.Module]], squares: bool = True) -> tuple[dict, dict, torch.Tensor]:
     """One forward and one backward with hooks: per parameter name, the per-example squared gradient
-    norms [B] and the factors of the per-example gradients (see bookkeeping_clipped_sum)."""
+    norms [B] (an empty dict without `squares`: the wavelet norms do not use them) and the factors of the per-example
+    gradients (see bookkeeping_clipped_sum)."""
     acts, outs = {}, {}
 
     def keep(module, inputs, output):
@@ -151,21 +152,24 @@ def _bookkeeping_parts(model: nn.Module, params: dict[str, torch.Tensor], x: tor
         if isinstance(m, nn.Linear):
             if a.dim() != 2:
                 raise ValueError(f"bookkeeping supports Linear layers on [B, features] inputs, got {tuple(a.shape)}")
-            d2 = d.square().sum(1)
-            sq[name + ".weight"] = d2 * a.square().sum(1)
             parts[name + ".weight"] = ("linear", d, a)
             if m.bias is not None:
-                sq[name + ".bias"] = d2
                 parts[name + ".bias"] = ("rows", d)
+            if squares:
+                d2 = d.square().sum(1)
+                sq[name + ".weight"] = d2 * a.square().sum(1)
+                if m.bias is not None:
+                    sq[name + ".bias"] = d2
         else:
             g = conv_example_grads(m, a, d)  # [B, out, in k k]
-            sq[name + ".weight"] = g.square().sum((1, 2))
             parts[name + ".weight"] = ("rows", g.flatten(1))
             if m.bias is not None:
-                gb = d.sum((2, 3))
-                sq[name + ".bias"] = gb.square().sum(1)
-                parts[name + ".bias"] = ("rows", gb)
-    if set(params) != set(sq):
+                parts[name + ".bias"] = ("rows", d.sum((2, 3)))
+            if squares:
+                sq[name + ".weight"] = g.square().sum((1, 2))
+                if m.bias is not None:
+                    sq[name + ".bias"] = parts[name + ".bias"][1].square().sum(1)
+    if set(params) != set(parts):
         raise ValueError("bookkeeping needs every parameter to belong to a Linear or Conv2d layer")
     return sq, parts, losses.detach()
 
@@ -197,7 +201,7 @@ def bookkeeping_clipped_sum(model: nn.Module, params: dict[str, torch.Tensor], x
     still without [B, P]); the HWT is linear, so the clipped sum is the same gradient-domain sum.
     Returns (flat clipped sum [P] in parameter order, per-example losses [B], norms [B, segments]); with `out` ([P])
     the sum is added into it (each layer's product accumulated in place, no concatenation) and `out` is returned."""
-    sq, parts, losses = _bookkeeping_parts(model, params, x, y, layers)
+    sq, parts, losses = _bookkeeping_parts(model, params, x, y, layers, squares=layout is None)
     names = list(params)
     if layout is not None:
         norms = wavelet_part_norms([parts[k] for k in names], layout, calibration).to(torch.float32)
@@ -259,7 +263,10 @@ def _trailing_zeros(v: int) -> int:
 
 
 def _sq(v: torch.Tensor) -> torch.Tensor:
-    return torch.linalg.vector_norm(v, dim=1, dtype=torch.float64).square()
+    """Per-row squared L2 norm [B] float64. Accumulated in v's float32 (torch's cascade sum, relative error ~1e-7 on
+    these positive sums, well inside clip_factors' 2^-16 shrink): a float64 accumulation first copies v to float64,
+    which cost the mlp's DP-SGD-WAV step a tenth of a plain step."""
+    return torch.linalg.vector_norm(v, dim=1).to(torch.float64).square_()
 
 
 _TAIL = 64  # rows this short finish their levels in one product with a cached matrix (dispatch, not flops, costs)
@@ -378,7 +385,7 @@ def _grouped_levels(d: torch.Tensor, sx: torch.Tensor, j0: int, k: int, n: int, 
     the [B, out c] outer product: with rows in groups of G = 2^t (G | out), a group's G c values are exactly c blocks
     of level j0+t, and block b of group g sums to sum_r d[g G + r] C_t[b, r], C_t[b, r] the part of S (in row r of
     the group) inside block b (one product with a cached 0/1 matrix for every t). So Q_j0+t = sum_g ||C_t^T d_g||^2
-    = <sum_g d_g d_g^T, C_t^T C_t>, two [B, G, G] Gram matrices (float64) per level below j0+k, and the level-(j0+k)
+    = <sum_g d_g d_g^T, C_t^T C_t>, two [B, G, G] Gram matrices per level below j0+k, and the level-(j0+k)
     block sums are one batched product [B, out / G, G] @ [B, G, c], written to `out` [B, out / G, c]. Adds Q_j
     (j < n) to acc."""
     b, cols = sx.shape
@@ -389,12 +396,16 @@ def _grouped_levels(d: torch.Tensor, sx: torch.Tensor, j0: int, k: int, n: int, 
         part = every[:, at:at + cols * g].view(b, cols, g)
         at += cols * g
         if t < k:
-            dg = d.view(b, -1, g).to(torch.float64)
-            p64 = part.to(torch.float64)
             if j0 + t < n:
-                acc.add_((torch.bmm(dg.transpose(1, 2), dg) * torch.bmm(p64.transpose(1, 2), p64)).sum((1, 2)))
+                # float32 Grams: float64 ones (a copy of both operands and a batched double product) cost twice as much
+                # and the sum hardly cancels (only blocks that straddle two rows give C_t^T C_t off-diagonal terms)
+                dg = d.view(b, -1, g)
+                gram = torch.bmm(dg.transpose(1, 2), dg).mul_(torch.bmm(part.transpose(1, 2), part))
+                acc.add_(gram.view(b, -1).sum(1, dtype=torch.float64))
         else:
-            torch.bmm(d.view(b, -1, g), part.transpose(1, 2), out=out)
+            # into a fresh array, then copied: bmm into a view of the coarse array (row stride != its width) takes a
+            # per-example loop, twice the time of the product and the copy
+            out.copy_(torch.bmm(d.view(b, -1, g), part.transpose(1, 2)))
             if j0 + t < n:
                 acc.add_(_sq(out.reshape(b, -1)))
 
@@ -447,7 +458,7 @@ def _segment_norm_sq(pieces: list, m: int, weighted: bool) -> torch.Tensor:
         tuple((p[0], p[1].shape[1], p[2].shape[1]) if p[0] == "linear" else (p[0], p[1].shape[1]) for p in pieces),
         m, weighted, b)
     acc = torch.zeros(b, dtype=torch.float64)
-    coarse = _scratch(b, width, dtype)
+    coarse = _scratch("coarse", b, width, dtype)
     at, i = 0, 0
     while i < len(pieces):
         if factored[i]:
@@ -464,16 +475,21 @@ def _segment_norm_sq(pieces: list, m: int, weighted: bool) -> torch.Tensor:
             at += w
             i += 1
             continue
-        r = [_dense(pieces[i])]
+        run = [pieces[i]]
         i += 1
         while i < len(pieces) and not factored[i]:
-            r.append(_dense(pieces[i]))
+            run.append(pieces[i])
             i += 1
-        r = torch.cat(r, 1) if len(r) > 1 else r[0]
+        width_run = sum(_dense_width(p) for p in run)
+        tail = -width_run % (1 << J)
+        r = _scratch("run", b, width_run + tail, dtype)  # the run and its zero padding, written in place
+        col = 0
+        for p in run:
+            col = _dense_into(p, r, col)
+        r[:, col:].zero_()
         if weighted:
             acc.add_(_sq(r), alpha=2.0)
-        tail = -r.shape[1] % (1 << J)
-        r = _haar_levels(F.pad(r, (0, tail)) if tail else r, 1, J, n, acc, weighted)
+        r = _haar_levels(r, 1, J, n, acc, weighted)
         coarse[:, at:at + r.shape[1]] = r
         at += r.shape[1]
     coarse[:, at:].zero_()
@@ -486,18 +502,33 @@ def _segment_norm_sq(pieces: list, m: int, weighted: bool) -> torch.Tensor:
 _SCRATCH = threading.local()
 
 
-def _scratch(b: int, width: int, dtype: torch.dtype) -> torch.Tensor:
-    """This thread's reused buffer for the level-J block sums (a fresh one per step costs its page faults)."""
+def _scratch(name: str, b: int, width: int, dtype: torch.dtype) -> torch.Tensor:
+    """This thread's reused buffer `name` ([b, width]): a fresh array of a few hundred KB per step is mapped anew by
+    the allocator and costs its page faults (zero-padding the mlp's 2,210-value dense run took a third of a plain
+    step)."""
+    bufs = getattr(_SCRATCH, "bufs", None)
+    if bufs is None:
+        bufs = _SCRATCH.bufs = {}
     key = (b, width, dtype)
-    if getattr(_SCRATCH, "key", None) != key:
-        _SCRATCH.key, _SCRATCH.buf = key, torch.empty(b, width, dtype=dtype)
-    return _SCRATCH.buf
+    if name not in bufs or bufs[name][0] != key:
+        bufs[name] = (key, torch.empty(b, width, dtype=dtype))
+    return bufs[name][1]
 
 
-def _dense(part) -> torch.Tensor:
+def _dense_width(part) -> int:
+    return part[1].shape[1] * part[2].shape[1] if part[0] == "linear" else part[1].shape[1]
+
+
+def _dense_into(part, out: torch.Tensor, col: int) -> int:
+    """Write a book-keeping part's per-example rows (d a^T flattened, or the rows themselves) into out[:, col:];
+    returns the next column."""
+    w = _dense_width(part)
     if part[0] == "linear":
-        return (part[1][:, :, None] * part[2][:, None, :]).reshape(part[1].shape[0], -1)
-    return part[1]
+        d, a = part[1], part[2]
+        torch.mul(d[:, :, None], a[:, None, :], out=out[:, col:col + w].view(d.shape[0], d.shape[1], a.shape[1]))
+    else:
+        out[:, col:col + w] = part[1]
+    return col + w
 
 
 def wavelet_part_norms(parts: Sequence, layout: WaveletLayout, calibration: str) -> torch.Tensor:
@@ -550,6 +581,77 @@ def haar_inverse_prefix(h: torch.Tensor, size: int, m: int, level_scales: Sequen
     return a
 
 
+_FINE = 4  # blocked_inverse_noise: the finest levels, drawn in block order and inverted in one product
+
+
+def blocked_inverse_noise(draws, batch: int, size: int, m: int, level_scales: Sequence[float]) -> torch.Tensor:
+    """IHWT(z)[:, :size] [batch, size] for independent z_c ~ N(0, s_j^2) on every coefficient c of level j
+    (level_scales: s for H_0, then s_1..s_n), the finest L = min(4, n) levels drawn in BLOCK order.
+
+    The coefficients are i.i.d. up to their level's scale, so which draw lands on which coefficient does not change
+    the distribution; a fixed order that suits the inverse is taken (fine_coefficient_index says which). First H_0 and
+    the levels L+1..n: an IHWT of length m / 2^L on its own (this function again while it holds more than 256 values,
+    else haar_inverse_prefix) gives the level-L averages a_L, one per block of 2^L outputs. Then, per block, its 2^L - 1
+    details of levels L..1 (level L's one, level L-1's two, ..., level 1's 2^(L-1)), so the block's outputs are
+    a_L + z_block F, F the fixed [2^L - 1, 2^L] matrix of the recursion a_2i = a_i + d_i, a_2i+1 = a_i - d_i over L
+    levels with the scales folded in: one product instead of four strided passes."""
+    n = m.bit_length() - 1
+    fine = min(_FINE, n)
+    blocks = -(-size // (1 << fine))
+    coarse = (level_scales[0],) + tuple(level_scales[fine + 1:])
+    if fine == 0 or size <= 256:
+        return haar_inverse_prefix(draws.randn(batch, _needed_ends(size, m)[-1]), size, m, level_scales)
+    a = blocked_inverse_noise(draws, batch, blocks, m >> fine, coarse)
+    out = draws.randn(batch * blocks, (1 << fine) - 1) @ _fine_matrix(
+        fine, tuple(float(v) for v in level_scales[1:fine + 1]), a.dtype)
+    out += a.reshape(-1, 1)
+    return out.view(batch, blocks << fine)[:, :size]
+
+
+@functools.lru_cache(maxsize=64)
+def _fine_matrix(levels: int, scales: tuple, dtype: torch.dtype) -> torch.Tensor:
+    """[2^L - 1, 2^L]: row r the effect on a block's 2^L outputs of the block's r-th detail in block order (level L
+    first, then L-1, ..., 1; a detail of level j spans 2^j outputs, + s_j on its first half and - s_j on its second)."""
+    width = 1 << levels
+    rows = []
+    for j in range(levels, 0, -1):
+        span = 1 << j
+        for k in range(width // span):
+            row = np.zeros(width)
+            row[k * span:k * span + span // 2] = scales[j - 1]
+            row[k * span + span // 2:(k + 1) * span] = -scales[j - 1]
+            rows.append(row)
+    return torch.tensor(np.stack(rows), dtype=dtype)
+
+
+def fine_coefficient_index(size: int, m: int) -> np.ndarray:
+    """Where blocked_inverse_noise's draws of one row land, in the order drawn: the index in the full coefficient
+    vector [H_0, d(1), ..., d(n)] of each: the coarse draws first (in this order again, for the transform of length
+    m / 2^L), then each block's details (those of the last block that reach only the padding included)."""
+    n = m.bit_length() - 1
+    fine = min(_FINE, n)
+    start = lambda j: m + 1 - (m >> (j - 1))  # where d(j) starts (wavelet.haar_inverse's layout)
+    if fine == 0 or size <= 256:
+        return np.concatenate([np.arange(a, a + c) for a, c in needed_coefficients(size, m)])
+    blocks = -(-size // (1 << fine))
+    # the coarse transform's H_0 is H_0 and its level j - L is level j: same offsets within each level
+    coarse = fine_coefficient_index(blocks, m >> fine)
+    mc = m >> fine
+    level = np.zeros(len(coarse), dtype=np.int64)
+    for j in range(1, mc.bit_length()):
+        first = mc + 1 - (mc >> (j - 1))
+        inside = (coarse >= first) & (coarse < first + (mc >> j))
+        level[inside] = j
+    index = [np.where(level == 0, 0, np.array([start(j + fine) if j else 0 for j in level]) + coarse -
+                      np.array([mc + 1 - (mc >> (j - 1)) if j else 0 for j in level]))]
+    fine_rows = []
+    for j in range(fine, 0, -1):
+        per = 1 << (fine - j)
+        fine_rows.append(start(j) + np.arange(blocks)[:, None] * per + np.arange(per)[None, :])
+    index.append(np.concatenate(fine_rows, 1).reshape(-1))
+    return np.concatenate(index)
+
+
 @functools.lru_cache(maxsize=64)
 def _needed_ends(size: int, m: int) -> list[int]:
     return np.cumsum([c for _, c in needed_coefficients(size, m)]).tolist()
@@ -567,7 +669,7 @@ def _top_scales(size: int, m: int, level_scales: tuple, dtype: torch.dtype) -> t
 def per_level_scales(layout: WaveletLayout, compact: Sequence[torch.Tensor]) -> list:
     """Per layout segment, compact noise scales (compact_scales) as one float per level (H_0, d(1), ..., d(n)) where
     they are constant on each level, as noise_scales' sigma S / W_c are; else the tensor unchanged. wavelet_noise
-    then scales inside the inverse transform instead of in a pass over the draws."""
+    draws them in block order and scales them inside the inverse (blocked_inverse_noise), not in a pass of their own."""
     out = []
     for size, m, sc in zip(layout.segments, layout.padded, compact):
         ends = [0] + _needed_ends(size, m)
@@ -623,7 +725,7 @@ def wavelet_noise(layout: WaveletLayout, scales, generator, batch: int) -> list[
     out = []
     for size, m, sc in zip(layout.segments, layout.padded, scales):
         if isinstance(sc, tuple):  # one factor per level (per_level_scales): applied inside the inverse
-            out.append(haar_inverse_prefix(draws.randn(batch, _needed_ends(size, m)[-1]), size, m, sc))
+            out.append(blocked_inverse_noise(draws, batch, size, m, sc))
         else:
             out.append(haar_inverse_prefix(draws.randn(batch, len(sc)).mul_(sc), size, m))
     return out

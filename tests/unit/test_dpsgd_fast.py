@@ -7,10 +7,11 @@ from torch import nn
 
 from hfl.common.models import build, get_flat, init_parameters
 from hfl.common.privacy.per_example import (_BLOCK_MAX, _bookkeeping_layers, _bookkeeping_parts, _grouped_levels,
-                                            bookkeeping_clipped_sum, compact_scales, per_level_scales,
-                                            clip_factors, clipped_sum, dp_sgd, example_norms, haar_inverse_prefix,
-                                            layer_sizes, needed_coefficients, noise_scales, noisy_sum,
-                                            per_example_gradients, wavelet_noise, wavelet_part_norms)
+                                            blocked_inverse_noise, bookkeeping_clipped_sum, compact_scales,
+                                            per_level_scales, clip_factors, clipped_sum, dp_sgd, example_norms,
+                                            fine_coefficient_index, haar_inverse_prefix, layer_sizes,
+                                            needed_coefficients, noise_scales, noisy_sum, per_example_gradients,
+                                            wavelet_noise, wavelet_part_norms)
 from hfl.common.privacy.wavelet import WaveletLayout, haar_inverse
 from hfl.device_client.training import make_shard
 
@@ -173,22 +174,58 @@ def test_norms_through_row_groups_equal_the_materialised_ones(name, shape):
     torch.testing.assert_close(fast, layout.row_norms(g.double(), "sound"), rtol=1e-5, atol=0)
 
 
+class _RecordedDraws:
+    """torch draws that keep every randn block they hand out, in order."""
+
+    def __init__(self, seed):
+        self.generator, self.blocks = torch.Generator().manual_seed(seed), []
+
+    def randn(self, *shape, out=None, scale=1.0):
+        self.blocks.append(torch.randn(*shape, generator=self.generator))
+        return self.blocks[-1]
+
+
+@pytest.mark.parametrize("size,m", [(1, 1), (1, 4), (5, 8), (16, 16), (17, 32), (100, 128), (129, 256), (257, 512),
+                                    (1000, 1024), (4097, 8192), (159010, 262144)])
+def test_block_order_noise_is_the_inverse_of_its_draws_placed_by_fine_coefficient_index(size, m):
+    # every draw, scaled by its level's factor, at the coefficient fine_coefficient_index names (each coefficient that
+    # reaches [0, size) drawn exactly once), through the reference float64 IHWT: equal to float32 rounding
+    b, n = 3, m.bit_length() - 1
+    scales = tuple(float(v) for v in np.linspace(0.5, 2.0, n + 1))
+    draws = _RecordedDraws(size)
+    got = blocked_inverse_noise(draws, b, size, m, scales)
+    index = fine_coefficient_index(size, m)
+    assert len(set(index.tolist())) == len(index)
+    needed = {c for a, k in needed_coefficients(size, m) for c in range(a, a + k)}
+    assert needed <= set(index.tolist())
+    z = torch.stack([torch.cat([blk.reshape(b, -1)[r] for blk in draws.blocks]) for r in range(b)]).double()
+    assert z.shape == (b, len(index))
+    level = np.concatenate([[0]] + [np.full(m >> j, j) for j in range(1, n + 1)])
+    full = torch.zeros(b, m, dtype=torch.float64)
+    full[:, index] = z * torch.tensor([scales[v] for v in level[index]], dtype=torch.float64)
+    torch.testing.assert_close(got.double(), haar_inverse(full)[:, :size], rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("scope", ["flat", "per_layer"])
-def test_noise_scaled_inside_the_inverse_equals_scaled_draws(scope):
-    # the per-level factors applied in the inverse against the same draws multiplied by the compact scales first:
-    # the same float32 products, up to a fused multiply-add (1e-6 relative)
-    layout = WaveletLayout([300, 7, 1000, 1, 159010], scope)
+def test_noise_with_per_level_scales_has_the_scaled_draws_variance(scope):
+    # the block-order path (per-level factors) and the compact path (each coefficient's own scale) draw the same
+    # distribution: per-element variance of 400 rows against the exact sum of squared scales over each element's
+    # coefficients, within 5 standard errors of a variance estimate (sqrt(2 / 400) relative)
+    layout = WaveletLayout([300, 7, 1000, 1], scope)
     compact = compact_scales(layout, noise_scales(2.0, 1.5, layout))
     levels = per_level_scales(layout, compact)
     assert all(isinstance(s, tuple) for s in levels)
-    got = wavelet_noise(layout, levels, torch.Generator().manual_seed(9), 2)
-    want = wavelet_noise(layout, compact, torch.Generator().manual_seed(9), 2)
-    for g, w in zip(got, want):
-        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6 * float(w.abs().max()))
+    got = torch.cat(wavelet_noise(layout, levels, torch.Generator().manual_seed(9), 400), 1).double()
+    want = torch.cat(wavelet_noise(layout, compact, torch.Generator().manual_seed(9), 400), 1).double()
+    exact = torch.cat([haar_inverse_prefix(torch.diag(c.double()), size, m).square().sum(0)
+                       for size, m, c in zip(layout.segments, layout.padded, compact)])
+    for sample in (got, want):
+        assert float(((sample.var(0) / exact) - 1).abs().max()) < 5 * (2 / 400) ** 0.5
     # scales that are not constant on a level stay a tensor (and keep the old path)
     uneven = [c.clone() for c in compact]
-    uneven[-1][5] *= 2.0  # inside d(1)
-    assert isinstance(per_level_scales(layout, uneven)[-1], torch.Tensor)
+    big = max(range(len(uneven)), key=lambda i: len(uneven[i]))
+    uneven[big][5] *= 2.0  # inside d(1)
+    assert isinstance(per_level_scales(layout, uneven)[big], torch.Tensor)
 
 
 @pytest.mark.parametrize("kw", [dict(kernel_size=5, padding=2), dict(kernel_size=3, stride=2),

@@ -55,6 +55,11 @@ linear-nobias (M = 7,840, the model paper 000's digest states) added to the ship
 linear linear-nobias --wavelet --no-vmap --repeats 7`: dp-sgd x1.64 / x1.66, dp-sgd-wav x2.85 / x3.35 (linear /
 linear-nobias): without the bias the 7,840 weights are one factored layer and the padded m = 8,192 leaves the
 coarse levels to the dense tail path, so <= 3x is missed there too (by ~12%).
+DP-SGD-WAV after this session's norm and noise changes (no float64 copies, no fresh padded arrays, the finest noise
+levels in block order; benchmarks/reports/wavelet-norms.md), 2026-11-28 12:10-12:16 UTC, `--models linear linear-nobias
+mlp mnist-cnn ota-cnn --wavelet --no-vmap --repeats 7 --steps 20`, the tree before and after in turn, twice:
+    linear 2.88x, 2.65x -> 2.58x, 2.60x    linear-nobias 2.87x, 2.72x -> 2.54x, 2.50x    mlp 3.97x, 3.53x -> 3.25x, 3.15x
+    mnist-cnn 1.68x, 1.68x -> 1.61x, 1.71x    ota-cnn 1.69x, 1.96x -> 1.78x, 1.63x    cifar-cnn (once) 1.43x -> 1.38x
 Run from a worktree, PYTHONPATH=. is needed: `python benchmarks/...` puts benchmarks/ first on sys.path and imports
 the installed hfl.
 """

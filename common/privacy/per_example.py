@@ -598,10 +598,9 @@ def blocked_inverse_noise(draws, batch: int, size: int, m: int, level_scales: Se
     n = m.bit_length() - 1
     fine = min(_FINE, n)
     blocks = -(-size // (1 << fine))
-    coarse = (level_scales[0],) + tuple(level_scales[fine + 1:])
     if fine == 0 or size <= 256:
         return haar_inverse_prefix(draws.randn(batch, _needed_ends(size, m)[-1]), size, m, level_scales)
-    a = blocked_inverse_noise(draws, batch, blocks, m >> fine, coarse)
+    a = blocked_inverse_noise(draws, batch, blocks, m >> fine, (level_scales[0],) + tuple(level_scales[fine + 1:]))
     out = draws.randn(batch * blocks, (1 << fine) - 1) @ _fine_matrix(
         fine, tuple(float(v) for v in level_scales[1:fine + 1]), a.dtype)
     out += a.reshape(-1, 1)
@@ -630,26 +629,18 @@ def fine_coefficient_index(size: int, m: int) -> np.ndarray:
     m / 2^L), then each block's details (those of the last block that reach only the padding included)."""
     n = m.bit_length() - 1
     fine = min(_FINE, n)
-    start = lambda j: m + 1 - (m >> (j - 1))  # where d(j) starts (wavelet.haar_inverse's layout)
     if fine == 0 or size <= 256:
         return np.concatenate([np.arange(a, a + c) for a, c in needed_coefficients(size, m)])
-    blocks = -(-size // (1 << fine))
-    # the coarse transform's H_0 is H_0 and its level j - L is level j: same offsets within each level
-    coarse = fine_coefficient_index(blocks, m >> fine)
-    mc = m >> fine
-    level = np.zeros(len(coarse), dtype=np.int64)
-    for j in range(1, mc.bit_length()):
-        first = mc + 1 - (mc >> (j - 1))
-        inside = (coarse >= first) & (coarse < first + (mc >> j))
-        level[inside] = j
-    index = [np.where(level == 0, 0, np.array([start(j + fine) if j else 0 for j in level]) + coarse -
-                      np.array([mc + 1 - (mc >> (j - 1)) if j else 0 for j in level]))]
-    fine_rows = []
-    for j in range(fine, 0, -1):
-        per = 1 << (fine - j)
-        fine_rows.append(start(j) + np.arange(blocks)[:, None] * per + np.arange(per)[None, :])
-    index.append(np.concatenate(fine_rows, 1).reshape(-1))
-    return np.concatenate(index)
+    blocks, mc = -(-size // (1 << fine)), m >> fine
+    start = lambda j: m + 1 - (m >> (j - 1))  # where d(j) starts in the full vector (wavelet.haar_inverse's layout)
+    # the coarse transform's H_0 is H_0 and its level j is level j + L, at the same offset within the level
+    coarse = fine_coefficient_index(blocks, mc)
+    level = np.concatenate([[0]] + [np.full(mc >> j, j) for j in range(1, mc.bit_length())])[coarse]
+    offset = coarse - np.where(level > 0, mc + 1 - (mc >> np.maximum(level - 1, 0)), 0)
+    placed = np.where(level > 0, m + 1 - (m >> (level + fine - 1)) + offset, 0)
+    per_block = [start(j) + np.arange(blocks)[:, None] * (1 << (fine - j)) + np.arange(1 << (fine - j))[None, :]
+                 for j in range(fine, 0, -1)]
+    return np.concatenate([placed, np.concatenate(per_block, 1).reshape(-1)])
 
 
 @functools.lru_cache(maxsize=64)

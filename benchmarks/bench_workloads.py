@@ -1,7 +1,7 @@
 """A round of each paper's own workload against the 2-core limit. Run:
 
     python benchmarks/bench_workloads.py [000 001 002 003 004] [--rounds 4] [--repeats 1] [--json FILE]
-        [--emulator-only] [--eval] [--report FILE.md]
+        [--emulator-only] [--eval] [--bracket] [--mechanism-reference] [--report FILE.md]
 
 --emulator-only skips the reference (the per-round wall times the README quotes); --report writes a markdown
 report with the command, the commit, the seeds and the load average beside every figure (benchmarks/reports/).
@@ -25,6 +25,10 @@ config's evaluation and times rounds from 1 on. Reported: wall time and the test
 round, between the checkpoints that bound the timed rounds (the work between rounds counts; start-up and shutdown
 do not) / the reference's median round (rounds after the first); start-up (launch to round 0, from the first
 checkpoint) and the peak summed PSS of every process of the testbed.
+
+--mechanism-reference (workloads with local DP-SGD phases: 002) makes the reference run each device's DP-SGD(-WAV)
+steps as its host does (privacy.per_example.dp_sgd with the phase's lots, clip and scope) instead of plain SGD, so the
+ratio measures the emulator alone, not the mechanism's own cost (which bench_dpsgd.py measures against plain SGD).
 """
 from __future__ import annotations
 
@@ -107,17 +111,56 @@ def _setup(cfg, share: int, shares: int, active: int):
     return shards, local_work(cfg, [len(y) for _, y in shards]), model, mean, std
 
 
-def _worker(cfg, share: int, shares: int, active: int, conn) -> None:
+def _dp_phases(cfg) -> list[dict]:
+    """The parameters of the round plan's local_dp_sgd phases (002's DP-SGD-WAV: tau of them a round)."""
+    return [dict(phase.params) for phase in plans.build_plan(cfg) if phase.kind == plans.LOCAL_DP_SGD]
+
+
+def _mechanism_steps(cfg, model, state: dict, x_u8, y, data, device: int, rnd: int) -> None:
+    """One device's round of the mechanism itself, as its host runs it (privacy.per_example.dp_sgd on the phase's
+    lots, clip and wavelet scope, the lots and noise from the AES-CTR keystream), into `model`. The noise multiplier
+    is 1: the cloud calibrates it, and its value does not change the cost."""
+    from hfl.common.models import get_flat, set_flat
+    from hfl.common.privacy import optimizers
+    from hfl.common.privacy.algorithms import ALGORITHMS
+    from hfl.common.privacy.per_example import dp_sgd
+    from hfl.common.secret_random import dp_draws
+    from hfl.device_client.training import make_shard
+
+    mechanism = ALGORITHMS.get(cfg.run.algorithm).noise or cfg.privacy.mechanism
+    shard = make_shard(x_u8.numpy(), y.numpy(), list(data.mean), list(data.std))
+    model.load_state_dict(state)
+    w = get_flat(model)
+    for step, p in enumerate(_dp_phases(cfg)):
+        clips = [p[f"clip_{j}"] for j in range(len(p)) if f"clip_{j}" in p]
+        w, _, _ = dp_sgd(model, w, shard, float(p["lr"]), int(p["steps"]), float(p["q"]), float(p["clip"]), 1.0,
+                         mechanism, dp_draws("seeded", cfg.run.seed, "device", device, rnd, step, "dp_sgd", 0),
+                         lot="fixed" if p.get("fixed") else "poisson", calibration=cfg.privacy.calibration,
+                         layer_bounds=clips or None, wavelet_scope="per_layer" if p.get("per_layer") else "flat",
+                         optimizer=optimizers.from_code(p.get("optimizer", optimizers.code("sgd"))))
+    set_flat(model, w)
+
+
+def _worker(cfg, share: int, shares: int, active: int, conn, mechanism: bool = False) -> None:
     torch.set_num_threads(1)
     shards, work, model, mean, std = _setup(cfg, share, shares, active)
+    data = load_dataset(cfg.data) if mechanism else None
+    first = share * active // shares  # the index of this share's first device
     gen = torch.Generator().manual_seed(share)
     opt = torch.optim.SGD(model.parameters(), lr=cfg.train.lr)
     conn.send("ready")
+    rnd = 0
     while (state := conn.recv()) is not None:
         cpu = time.process_time()
         acc = {k: torch.zeros_like(v) for k, v in state.items()}
         total = 0
-        for (x_u8, y), (steps, batch) in zip(shards, work):
+        for i, ((x_u8, y), (steps, batch)) in enumerate(zip(shards, work)):
+            if mechanism:
+                _mechanism_steps(cfg, model, state, x_u8, y, data, first + i, rnd)
+                for k, v in model.state_dict().items():
+                    acc[k] += len(y) * v
+                total += len(y)
+                continue
             model.load_state_dict(state)
             for _ in range(steps):
                 idx = torch.randperm(len(y), generator=gen)[:batch]
@@ -128,16 +171,19 @@ def _worker(cfg, share: int, shares: int, active: int, conn) -> None:
             for k, v in model.state_dict().items():
                 acc[k] += len(y) * v
             total += len(y)
+        rnd += 1
         conn.send((acc, total, time.process_time() - cpu))
 
 
-def reference_round_seconds(cfg, rounds: int, active: int, processes: int = 2) -> tuple[list[float], list[float]]:
-    """(wall seconds, CPU seconds summed over the processes) of each round of the plain reference."""
+def reference_round_seconds(cfg, rounds: int, active: int, processes: int = 2, mechanism: bool = False
+                            ) -> tuple[list[float], list[float]]:
+    """(wall seconds, CPU seconds summed over the processes) of each round of the plain reference (with `mechanism`,
+    each device's DP-SGD steps as its host runs them instead of plain SGD)."""
     ctx = mp.get_context("spawn")
     pipes, procs = [], []
     for i in range(processes):
         parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_worker, args=(cfg, i, processes, active, child), daemon=True)
+        proc = ctx.Process(target=_worker, args=(cfg, i, processes, active, child, mechanism), daemon=True)
         proc.start()
         pipes.append(parent)
         procs.append(proc)
@@ -166,7 +212,7 @@ def reference_round_seconds(cfg, rounds: int, active: int, processes: int = 2) -
 
 
 def bench(name: str, rounds: int, repeats: int, extra: list[str], reference: bool = True,
-          evaluate: bool = False, bracket: bool = False) -> dict:
+          evaluate: bool = False, bracket: bool = False, mechanism: bool = False) -> dict:
     """Without `evaluate`, the cloud evaluates only rounds 0 and the last (run.eval_every = rounds), and only rounds
     from 2 on are timed (round 0's evaluation overlaps round 1): the reference evaluates nothing. With `bracket`
     the reference runs before and after the emulator in each repeat and the ratio takes the mean of the two."""
@@ -178,10 +224,12 @@ def bench(name: str, rounds: int, repeats: int, extra: list[str], reference: boo
     path, overrides = workload_config(name, rounds, extra)
     cfg = config_mod.load(path, overrides)
     active = cfg.precision.participants if name == "004" and cfg.precision.participants else cfg.num_devices
+    if mechanism and not _dp_phases(cfg):
+        raise SystemExit(f"--mechanism-reference: workload {name} ({cfg.run.algorithm}) has no local_dp_sgd phase")
     reps = []
 
     def plain() -> tuple[float, float]:
-        walls, cpus = reference_round_seconds(cfg, max(2, rounds), active)
+        walls, cpus = reference_round_seconds(cfg, max(2, rounds), active, mechanism=mechanism)
         return statistics.median(walls[1:]), statistics.median(cpus[1:])
 
     for i in range(repeats):
@@ -316,7 +364,10 @@ def write_report(path: pathlib.Path, report: dict, args) -> None:
              + ("rounds 1 on, the config's evaluation kept (--eval)" if args.eval else
                 "rounds 2 on, evaluation only of rounds 0 and the last (the reference evaluates nothing)")
              + "; wall time and CPU per round between the checkpoints that bound the timed rounds (every round's "
-             f"own task-to-aggregate time is listed apart); repeats: {args.repeats}", "",
+             f"own task-to-aggregate time is listed apart); repeats: {args.repeats}",
+             "- reference: " + ("each device's DP-SGD(-WAV) steps as its host runs them (--mechanism-reference): the "
+                                "ratio is the emulator's own cost" if args.mechanism_reference else
+                                "plain SGD, no mechanism"), "",
              "| workload | config (+ overrides) | seed | topology | model | round (s) | reference (s) | wall ratio | "
              "CPU a round (s) | reference CPU (s) | CPU ratio | every round's own (s) | start-up (s) | peak PSS (GiB) | "
              "final accuracy |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -357,11 +408,14 @@ def main() -> int:
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--emulator-only", action="store_true", help="no reference: the emulator's round times only")
     parser.add_argument("--report", help="write a markdown report (command, commit, seeds, load) here")
+    parser.add_argument("--mechanism-reference", action="store_true",
+                        help="the reference runs each device's DP-SGD(-WAV) steps as its host does (002), instead of "
+                             "plain SGD: the ratio is then the emulator's own cost, the mechanism's excluded")
     args = parser.parse_args()
     report = {}
     for name in args.workloads:
         report[name] = bench(name, args.rounds, args.repeats, args.set, reference=not args.emulator_only,
-                               evaluate=args.eval, bracket=args.bracket)
+                               evaluate=args.eval, bracket=args.bracket, mechanism=args.mechanism_reference)
         if args.report:
             write_report(pathlib.Path(args.report), report, args)  # after each workload: a long one may not end
         m = report[name]["median"]

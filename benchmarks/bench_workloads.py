@@ -332,6 +332,7 @@ def _emulated_file(path: str | None, overrides: list[str], timed_from: int = 1) 
            "rounds_seconds": [r["round_seconds"] for r in rows], "total_seconds": summary.get("total_seconds"),
            "final_accuracy": summary.get("final_accuracy", float("nan")), "processes": processes,
            "peak_pss_bytes": sampler.peak_pss, "peak_rss_bytes": sampler.peak_rss, "timed_rounds": len(timed),
+           "sampler_cpu_seconds": sampler.cpu_seconds,
            "round_cpu_seconds": span[1] / len(timed)}
     if not ok:
         print(f"  (saw {len(marks)} checkpoints for {len(rows)} rounds: no time per round)", flush=True)

@@ -116,22 +116,30 @@ def _dp_phases(cfg) -> list[dict]:
     return [dict(phase.params) for phase in plans.build_plan(cfg) if phase.kind == plans.LOCAL_DP_SGD]
 
 
-def _mechanism_steps(cfg, model, state: dict, x_u8, y, data, device: int, rnd: int) -> None:
+def _mechanism_setup(cfg, shards, mean, std) -> tuple[str, list[dict], list]:
+    """What the mechanism reference needs, made once before the timed rounds: the mechanism's name, the round plan's
+    local_dp_sgd phases and each device's Shard (as its host holds them)."""
+    from hfl.common.privacy.algorithms import ALGORITHMS
+    from hfl.device_client.training import make_shard
+
+    mechanism = ALGORITHMS.get(cfg.run.algorithm).noise or cfg.privacy.mechanism
+    mean, std = mean.reshape(-1).tolist(), std.reshape(-1).tolist()
+    return mechanism, _dp_phases(cfg), [make_shard(x.numpy(), y.numpy(), mean, std) for x, y in shards]
+
+
+def _mechanism_steps(cfg, model, state: dict, shard, mechanism: str, phases: list[dict], device: int,
+                     rnd: int) -> None:
     """One device's round of the mechanism itself, as its host runs it (privacy.per_example.dp_sgd on the phase's
     lots, clip and wavelet scope, the lots and noise from the AES-CTR keystream), into `model`. The noise multiplier
     is 1: the cloud calibrates it, and its value does not change the cost."""
     from hfl.common.models import get_flat, set_flat
     from hfl.common.privacy import optimizers
-    from hfl.common.privacy.algorithms import ALGORITHMS
     from hfl.common.privacy.per_example import dp_sgd
     from hfl.common.secret_random import dp_draws
-    from hfl.device_client.training import make_shard
 
-    mechanism = ALGORITHMS.get(cfg.run.algorithm).noise or cfg.privacy.mechanism
-    shard = make_shard(x_u8.numpy(), y.numpy(), list(data.mean), list(data.std))
     model.load_state_dict(state)
     w = get_flat(model)
-    for step, p in enumerate(_dp_phases(cfg)):
+    for step, p in enumerate(phases):
         clips = [p[f"clip_{j}"] for j in range(len(p)) if f"clip_{j}" in p]
         w, _, _ = dp_sgd(model, w, shard, float(p["lr"]), int(p["steps"]), float(p["q"]), float(p["clip"]), 1.0,
                          mechanism, dp_draws("seeded", cfg.run.seed, "device", device, rnd, step, "dp_sgd", 0),
@@ -144,7 +152,7 @@ def _mechanism_steps(cfg, model, state: dict, x_u8, y, data, device: int, rnd: i
 def _worker(cfg, share: int, shares: int, active: int, conn, mechanism: bool = False) -> None:
     torch.set_num_threads(1)
     shards, work, model, mean, std = _setup(cfg, share, shares, active)
-    data = load_dataset(cfg.data) if mechanism else None
+    dp = _mechanism_setup(cfg, shards, mean, std) if mechanism else None
     first = share * active // shares  # the index of this share's first device
     gen = torch.Generator().manual_seed(share)
     opt = torch.optim.SGD(model.parameters(), lr=cfg.train.lr)
@@ -155,8 +163,8 @@ def _worker(cfg, share: int, shares: int, active: int, conn, mechanism: bool = F
         acc = {k: torch.zeros_like(v) for k, v in state.items()}
         total = 0
         for i, ((x_u8, y), (steps, batch)) in enumerate(zip(shards, work)):
-            if mechanism:
-                _mechanism_steps(cfg, model, state, x_u8, y, data, first + i, rnd)
+            if dp:
+                _mechanism_steps(cfg, model, state, dp[2][i], dp[0], dp[1], first + i, rnd)
                 for k, v in model.state_dict().items():
                     acc[k] += len(y) * v
                 total += len(y)

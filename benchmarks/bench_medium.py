@@ -19,6 +19,10 @@ its wall time with --medium-threads (default 2) threads, since every device wait
 runs; `medium_1_thread_*` is the same code on one thread. `PYTHONPATH=. python benchmarks/bench_medium.py --paper003
 --repeats 5`, three runs against fd79423 in turn, load 1-5: share of a round 29.1% -> 9.7% (medium 1.80 s CPU ->
 0.50 s wall a round); --downlink complex 17.1% (benchmarks/reports/medium-inphase.md).
+Since the CNNs' channels-last max-pooling (benchmarks/reports/pooling.md) the round's training is ~1.5x faster, so
+the same medium is a larger share: three runs on 86d4e49, 2026-11-28 14:53-14:56 UTC, 11.6%, 11.0%, 11.3% (medium
+0.37-0.40 s wall a round, training 6.0 s CPU): over the target again (benchmarks/reports/issue25-status-2026-11-28.md
+says where a slot's 51 ms go and what would close it).
 
 --testbed: a real run (multiairfed over the air, 6 edges x 10 devices, mnist-cnn: d = 28,938, the plane's
 interferer clusters, one host process per core): the medium's compute time per slot and its share of the

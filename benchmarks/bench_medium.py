@@ -23,6 +23,9 @@ Since the CNNs' channels-last max-pooling (benchmarks/reports/pooling.md) the ro
 the same medium is a larger share: three runs on 86d4e49, 2026-11-28 14:53-14:56 UTC, 11.6%, 11.0%, 11.3% (medium
 0.37-0.40 s wall a round, training 6.0 s CPU): over the target again (benchmarks/reports/issue25-status-2026-11-28.md
 says where a slot's 51 ms go and what would close it).
+The lanes' normals from numpy's SFC64 through Box-Muller (ota._LaneNormals) and the exact mean on the medium's threads:
+in turn with the commit before, three runs each, 11.2, 10.5, 12.0% -> 10.1, 10.2, 9.9% (medium 0.37-0.42 -> 0.33-0.35 s
+wall a round).
 
 --testbed: a real run (multiairfed over the air, 6 edges x 10 devices, mnist-cnn: d = 28,938, the plane's
 interferer clusters, one host process per core): the medium's compute time per slot and its share of the

@@ -341,16 +341,12 @@ class _LaneNormals:
         box_muller(words[:k], words[k:], flat)
 
 
-def _lane_generator(seed) -> _LaneNormals:
-    return _LaneNormals(seed)
-
-
 def standard_normals(rng: np.random.Generator, out: np.ndarray) -> np.ndarray:
     """Fill float32 `out` [r, d] with iid N(0, 1): column blocks of COLUMN_BLOCK columns dealt round-robin to LANES
     lanes, each lane's blocks filled in turn from its own generator (_lane_seeds), each block drawn as a C-contiguous
     [r, width] array: the same values _into_rows draws, on however many threads."""
     for lane, seed in enumerate(_lane_seeds(rng)):
-        gen = _lane_generator(seed)
+        gen = _LaneNormals(seed)
         for c0, c1 in _lane_blocks(lane, out.shape[1]):
             block = np.empty((out.shape[0], c1 - c0), dtype=np.float32)
             gen.fill(block)
@@ -643,7 +639,7 @@ def _into_rows(left: np.ndarray, head: np.ndarray, folded_gains, noise_var: floa
     seeds = _lane_seeds(rng)
 
     def lane(j: int) -> None:
-        gen, stack = _lane_generator(seeds[j]), None
+        gen, stack = _LaneNormals(seeds[j]), None
         for c0, c1 in _lane_blocks(j, d):
             if stack is None or stack.shape[1] != c1 - c0:
                 stack = np.empty((left.shape[1], c1 - c0), dtype=np.float32)

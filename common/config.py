@@ -103,6 +103,9 @@ class AggregationSection:
     max_update_ratio: float = doc(1e4, "the cloud refuses a round whose model moves by more than this times "
                                   "max(1, ||w||) (the previous model is kept; 0 = only non-finite models are refused)",
                                   min=0)
+    max_member_ratio: float = doc(10.0, "an edge leaves out a device's upload whose norm is over this times the median "
+                                  "norm of the phase's other uploads (one insider cannot swamp its cluster; 0 = off)",
+                                  min=0)
 
 
 @dataclass(frozen=True)
@@ -340,13 +343,19 @@ def _build_config(data: Mapping[str, Any]) -> Config:
     return Config(**engine, families={**_family_defaults(), **built})
 
 
-def from_dict(data: Mapping[str, Any], check_choices: bool = True) -> Config:
+def from_dict(data: Mapping[str, Any], check_choices: bool = True, remote: bool = False) -> Config:
     """Build a Config; `check_choices=False` skips registry look-ups (and their heavy imports)
-    for a config the cloud already validated. The plugins load first, so that a section they add is known."""
-    from hfl.common.plugins import load_plugins
+    for a config the cloud already validated. The plugins load first, so that a section they add is known. A
+    `remote` config (the spec a peer hands this node) loads no plugin: the ones it names must be loaded already,
+    from this node's own configuration."""
+    from hfl.common.plugins import check_loaded, load_plugins
 
     run = data.get("run", {})
-    load_plugins(_build(RunSection, run, "run").plugins if isinstance(run, Mapping) else ())
+    names = _build(RunSection, run, "run").plugins if isinstance(run, Mapping) else ()
+    if remote:
+        check_loaded(names)
+    else:
+        load_plugins(names)
     config = _build_config(data)
     if check_choices:
         validate_choices(config)

@@ -1,9 +1,11 @@
 """Plugins: modules that register models, datasets, partitioners, stages, codecs, aggregators or algorithms.
 
 `run.plugins` (and `$HFL_PLUGINS`, comma- or space-separated) name importable modules (`my_pkg.plugin`) or Python
-files (`examples/tiny_plugin.py`, relative to the working directory); every process imports them
-when it builds its config (`config.from_dict`), before any name is checked, so whatever they register is a valid
-name in the launcher, the cloud, the edges, the device hosts, the sweep and containers alike. See docs/plugins.md.
+files (`examples/tiny_plugin.py`, relative to the working directory). A process imports the plugins of its own
+configuration only: the launcher and the cloud those of the config file they read, an edge or a device host those of
+`$HFL_PLUGINS` or `--plugins` (hfl run and the Testbed set it from the run's config). The spec a peer sends may name
+only plugins the node loaded already (`check_loaded`): a remote party never makes a node import code.
+See docs/plugins.md.
 """
 from __future__ import annotations
 
@@ -45,6 +47,17 @@ def load_plugins(names: Iterable[str] = ()) -> list[str]:
         except Exception as exc:  # a plugin that fails while registering: say which
             raise ConfigError(f"run.plugins: importing {name!r} failed: {exc.__class__.__name__}: {exc}") from None
     return list(_loaded)
+
+
+def check_loaded(names: Iterable[str]) -> None:
+    """A peer's spec names these plugins: this node runs only code of its own choosing, so each must be one it loaded
+    from its own configuration ($HFL_PLUGINS or --plugins); any other is refused, never imported."""
+    load_plugins()
+    foreign = [n for n in names if n not in _loaded]
+    if foreign:
+        raise ConfigError(f"the run's spec names plugins this node did not load: {', '.join(map(repr, foreign))}; a "
+                          f"node imports only its own plugins (give them with {ENV} or --plugins: hfl run and the "
+                          f"Testbed pass the run's plugins to every process they start)")
 
 
 def _is_path(name: str) -> bool:
@@ -104,4 +117,4 @@ def loaded() -> list[str]:
     return list(_loaded)
 
 
-__all__ = ["ENV", "load_plugins", "env_plugins", "search_paths", "child_pythonpath", "loaded"]
+__all__ = ["ENV", "load_plugins", "check_loaded", "env_plugins", "search_paths", "child_pythonpath", "loaded"]

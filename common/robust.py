@@ -56,6 +56,21 @@ def aggregate(name: str, params: Mapping[str, Mapping[str, float]], vectors: Seq
     return AGGREGATORS.get(name)(vectors, weights, **dict(params.get(name, {})))
 
 
+def outliers(vectors: Sequence[np.ndarray], max_ratio: float) -> dict[int, str]:
+    """The uploads of a phase to leave out, by index, with the reason: a norm over max_ratio x the median norm of the
+    others (or not finite). With fewer than two uploads, or max_ratio = 0, none."""
+    if max_ratio <= 0 or len(vectors) < 2:
+        return {}
+    norms = np.array([float(np.linalg.norm(np.asarray(v, dtype=np.float64))) for v in vectors])
+    out = {}
+    for i, norm in enumerate(norms):
+        others = float(np.median(np.delete(norms, i)))
+        if not np.isfinite(norm) or (np.isfinite(others) and norm > max_ratio * others):
+            out[i] = f"its norm {norm:.3g} is over {max_ratio:g} x the median {others:.3g} of the others " \
+                     f"(aggregation.max_member_ratio)"
+    return out
+
+
 def refuse_install(new: np.ndarray, old: np.ndarray, max_ratio: float) -> str:
     """Why the cloud must not install `new` as the global model ("" if it may): a non-finite model, or one that moved
     by more than max_ratio * max(1, ||old||) (the last line of defence against an exploding aggregate)."""

@@ -7,6 +7,7 @@ enough to upload as somebody else. With mutual TLS the certificate check comes o
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import os
 import pathlib
@@ -15,12 +16,15 @@ import secrets
 
 import grpc
 
+from .topology import DEVICE_RE, parse_index
 from .validate import short
 from .wire import WireError
 
 METADATA_KEY = "hfl-session"
 JOIN_KEY = "hfl-join"
 JOIN_ENV = "HFL_JOIN_SECRET"  # or HFL_JOIN_SECRET_FILE: a file holding it
+HOST_KEY = "hfl-host"
+HOST_ENV = "HFL_HOST_TOKEN"   # a device host's credential for its own device ids only (host_token)
 
 
 def join_secret() -> str:
@@ -34,24 +38,69 @@ def join_secret() -> str:
 
 
 def join_metadata() -> tuple[tuple[str, str], ...]:
+    """A Register's credential: the device host's token (HFL_HOST_TOKEN) when it has one, else the join secret."""
+    token = os.environ.get(HOST_ENV, "")
+    if token:
+        return ((HOST_KEY, token),)
     secret = join_secret()
     return ((JOIN_KEY, secret),) if secret else ()
 
 
+def _mac(secret: str, first: int, last: int) -> str:
+    return hmac.new(secret.encode(), f"hfl-host|{first}|{last}".encode(), hashlib.sha256).hexdigest()
+
+
+def host_token(secret: str, first: int, last: int) -> str:
+    """A device host's credential for the device indices first..last (inclusive): the range and an HMAC of it under
+    the join secret. It lets the host register its own devices and no other (the edge recomputes the HMAC)."""
+    if not 0 <= first <= last:
+        raise ValueError(f"bad device range {first}..{last}")
+    return f"{first}-{last}.{_mac(secret, first, last)}"
+
+
+def token_range(secret: str, token: str) -> tuple[int, int] | None:
+    """The device range a host token grants under `secret`, or None if it is not one of its tokens."""
+    span, _, mac = token.partition(".")
+    first, _, last = span.partition("-")
+    if not (first.isdigit() and last.isdigit() and len(mac) == 64) or int(first) > int(last):
+        return None
+    return (int(first), int(last)) if hmac.compare_digest(mac, _mac(secret, int(first), int(last))) else None
+
+
+def _metadata_value(context, key: str) -> str:
+    for item in context.invocation_metadata() or ():
+        if item[0] == key:
+            return item[1] if isinstance(item[1], str) else item[1].decode("ascii", "replace")
+    return ""
+
+
 def check_join(context, node: str) -> None:
     """A Register as `node` must carry the run's join secret when the server has one: without it, an outsider could
-    claim a device id before its host registers (first Register wins). Discovery (no node id) stays open."""
+    claim a device id before its host registers (first Register wins). A device may instead carry its host's token,
+    which covers only that host's device ids: one host cannot register another's devices. Discovery (no node id)
+    stays open."""
     expected = join_secret()
     if not expected or not node:
         return
-    given = ""
-    for item in context.invocation_metadata() or ():
-        if item[0] == JOIN_KEY:
-            given = item[1] if isinstance(item[1], str) else item[1].decode("ascii", "replace")
+    token = _metadata_value(context, HOST_KEY)
+    if token:
+        span = token_range(expected, token)
+        index = _device_index(node)
+        if span is None or index is None or not span[0] <= index <= span[1]:
+            what = "a host token that is not the run's" if span is None else f"a host token for dev-{span[0]:05d}..dev-{span[1]:05d}"
+            raise WireError(grpc.StatusCode.PERMISSION_DENIED,
+                            f"register as {short(node)} with {what}: a device host registers its own devices only",
+                            "bad_join")
+        return
+    given = _metadata_value(context, JOIN_KEY)
     if not hmac.compare_digest(given.encode(), expected.encode()):
         raise WireError(grpc.StatusCode.PERMISSION_DENIED,
                         f"register as {short(node)} {'without the' if not given else 'with a wrong'} join secret "
                         f"(HFL_JOIN_SECRET: hfl run hands it to the processes it starts)", "bad_join")
+
+
+def _device_index(node: str) -> int | None:
+    return parse_index(node, DEVICE_RE)
 
 
 def metadata(token: str) -> tuple[tuple[str, str], ...]:

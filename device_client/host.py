@@ -330,7 +330,7 @@ class DeviceHost:
             log.warning("no devices for host %d of %d", self.host_index, self.hosts)
             return 0
         replies = await asyncio.gather(*(self._discover(d) for d in dials))
-        cfg = config_mod.from_dict(json.loads(replies[0].spec_json)["config"])
+        cfg = config_mod.from_dict(json.loads(replies[0].spec_json)["config"], remote=True)
         torch.set_num_threads(cfg.train.torch_threads)
         ids = self.identity.devices(list(zip(dials, replies)), self.host_index, self.hosts)
         clusters = ", ".join(r.cluster_id for r in replies)

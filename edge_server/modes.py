@@ -74,7 +74,7 @@ class DigitalEdge:
     async def settle(self, ctx: ClusterRound, barrier: Barrier, phase: pb.Phase, step: int,
                      cluster_w: np.ndarray) -> np.ndarray:
         """Aggregate the phase's uploads, give the members their reply (and release the barrier); the cluster model."""
-        nodes = sorted(barrier.contributions)  # arrival order must not matter
+        nodes = self._bounded(ctx, barrier, sorted(barrier.contributions))  # arrival order must not matter
         reply_vec, name = None, ""
         # under Poisson client sampling an empty draw still releases noise: the accountant's subsampled
         # mechanism is "sum of the drawn / fixed denominator + N", whatever was drawn
@@ -93,6 +93,15 @@ class DigitalEdge:
                     reply_vec, name = cluster_w, "model"
         self._release(ctx, barrier, phase, step, nodes, reply_vec, name)
         return cluster_w
+
+    def _bounded(self, ctx: ClusterRound, barrier: Barrier, nodes: list[str]) -> list[str]:
+        """The uploads to aggregate: one far beyond the phase's others is left out (an insider's 1e30 would otherwise
+        swamp the cluster and, refused at the cloud, freeze the global model)."""
+        out = robust.outliers([barrier.contributions[n].vec for n in nodes], self.cfg.aggregation.max_member_ratio)
+        for i, why in out.items():
+            log.warning("refused outlier from %s (round %d step %d): %s", nodes[i], ctx.round, barrier.step, why)
+        ctx.outliers += len(out)
+        return [n for i, n in enumerate(nodes) if i not in out]
 
     def _release(self, ctx: ClusterRound, barrier: Barrier, phase: pb.Phase, step: int, nodes: list[str],
                  reply_vec: np.ndarray | None, name: str) -> None:

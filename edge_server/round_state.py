@@ -62,6 +62,7 @@ class ClusterRound:
     plan: list = field(default_factory=list)
     dp_records: list = field(default_factory=list)  # every attempt's: an aborted attempt's releases count all the same
     clipped: int = 0
+    outliers: int = 0  # uploads left out for a norm far beyond the phase's others
     tally: Tally = field(default_factory=Tally)
 
 

@@ -255,7 +255,7 @@ class EdgeServer(Gate, pbg.EdgeServiceServicer):
             reply = await self.cloud.register("", rejoin=True, trust=self.site_trust)  # restarted while the run goes on
             log.info("%s rejoined its run at round %d (restarted while the run went on)", self.id, reply.round)
         spec = json.loads(reply.spec_json)
-        self.cfg = config_mod.from_dict(spec["config"], check_choices=False)
+        self.cfg = config_mod.from_dict(spec["config"], check_choices=False, remote=True)
         self.spec_json = reply.spec_json
         self.run_id = reply.run_id
         self.dim = int(spec["model_dim"])
@@ -469,7 +469,7 @@ class EdgeServer(Gate, pbg.EdgeServiceServicer):
         meta = pb.Meta(run_id=self.run_id, round=task.round, phase=plans.CLOUD_SYNC, step=step, sender_id=self.id,
                        num_samples=sum(self.samples[n] for n in members), num_devices=len(members), transforms=transforms)
         scalars = {"bytes_up": float(self.bytes_up), "bytes_down": float(self.bytes_down),
-                   "refused": float(self.refusals.take()), "dropped": float(len(ctx.participants) - len(members)),
+                   "refused": float(self.refusals.take() + ctx.outliers), "dropped": float(len(ctx.participants) - len(members)),
                    "restarts": float(self.restarts), "rejoined": float(self.rejoined), "clipped": float(ctx.clipped)}
         tally = ctx.tally
         if tally.losses:

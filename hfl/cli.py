@@ -28,6 +28,7 @@ import time
 from typing import Callable
 
 from hfl.cli_args import add_config_args
+from hfl.common import config_error
 
 STARTED = time.monotonic()  # `hfl run` reports the whole wall time from here, imports and config checks included
 
@@ -57,6 +58,9 @@ def _run_async(coro_factory) -> int:
     except TimeoutError as exc:  # an upstream that never came: one line, not a traceback
         logging.getLogger("hfl").error("%s", exc)
         return 1
+    except config_error.ConfigError as exc:  # e.g. a spec from the upstream that this node refuses: one line, not a traceback
+        logging.getLogger("hfl").error("%s", exc)
+        return 2
     except Exception:
         logging.getLogger("hfl").exception("fatal error")
         return 1
@@ -110,6 +114,12 @@ def cmd_devices(args) -> int:
     tls = _tls(args, "devices")
     host = DeviceHost(args.edge, args.host_index, args.hosts, wait_s=args.wait, **tls.client_kwargs())
     return _run_async(host.run)
+
+
+def _add_plugins_arg(p) -> None:
+    p.add_argument("--plugins", action="append", default=[], metavar="MODULE",
+                   help="a plugin module or .py file this node imports (repeatable; also $HFL_PLUGINS): the run's "
+                        "spec may name only plugins the node loaded itself")
 
 
 def _tls(args, role: str):
@@ -297,6 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-listen", default=os.environ.get("HFL_METRICS_LISTEN", ""), metavar="HOST:PORT",
                    help="serve Prometheus /metrics here (default $HFL_METRICS_LISTEN; empty = off); under mutual TLS "
                         "over TLS with this edge's certificate")
+    _add_plugins_arg(p)
     _add_tls_args(p)
     p.set_defaults(func=cmd_edge)
 
@@ -312,6 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="mutual TLS with a certificate per device instead of --cert/--key (with --ca; default "
                         "$HFL_DEVICE_CERTS): the manifest `hfl certs devices` writes; name each edge address by its "
                         "id, --edge edge-001=HOST:PORT")
+    _add_plugins_arg(p)
     p.set_defaults(func=cmd_devices)
 
     p = sub.add_parser("watch", help="the progress table of a run started elsewhere (its live page URL or run directory)")
@@ -404,7 +416,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             from hfl.common.plugins import load_plugins
 
-            load_plugins()  # $HFL_PLUGINS (containers); run.plugins come with the config
+            # this node's own plugins: $HFL_PLUGINS and --plugins (the cloud's also from its config file); a spec
+            # from a peer may name only these
+            load_plugins(getattr(args, "plugins", None) or ())
             return args.func(args)
         except (ConfigError, ValueError) as exc:
             logging.getLogger("hfl").error("%s", exc)

@@ -37,7 +37,7 @@ from typing import Iterator, Sequence
 
 from hfl import families  # noqa: F401  (the configs a testbed builds name their sections and algorithms)
 from hfl.common import config as config_mod
-from hfl.common import metrics
+from hfl.common import metrics, plugins, session
 from hfl.common import topology
 from hfl.common.topology import edge_id
 from hfl.node_spawn import caller, node_env, prepare, spawner
@@ -169,6 +169,7 @@ class Testbed:
     spawn: str | None = None                # how nodes start (hfl/node_spawn.py): exec | fork; None: $HFL_SPAWN or fork
     nodes: dict[str, Node] = field(default_factory=dict, init=False)
     edge_address: dict[str, str] = field(default_factory=dict, init=False)  # edge id -> address, once listening
+    host_ranges: dict[str, tuple[int, int]] = field(default_factory=dict, init=False)  # device host -> its devices
 
     def __post_init__(self) -> None:
         prepare(self.spawn)  # the forkserver imports the nodes' modules while the config loads and preflight runs
@@ -229,9 +230,13 @@ class Testbed:
         # never for an edge (the party it guards against), never in config.toml or a log
         if not getattr(self, "_relay_secret", None):
             self._relay_secret = os.environ.get("HFL_RELAY_SECRET") or secrets.token_hex(32)
-        if not getattr(self, "_join_secret", None):  # Register without it is refused (common/session.py)
-            self._join_secret = os.environ.get("HFL_JOIN_SECRET") or secrets.token_hex(16)
-        env["HFL_JOIN_SECRET"] = self._join_secret
+        env[session.JOIN_ENV] = self._run_join_secret()
+        # a node imports only the plugins of its own configuration: the launcher's children get the run's
+        env[plugins.ENV] = ",".join(dict.fromkeys([*plugins.env_plugins(), *self.cfg.run.plugins]))
+        if node.name in self.host_ranges:  # a device host registers its own devices only (common/session.py)
+            env.pop(session.JOIN_ENV, None)
+            env.pop(session.JOIN_ENV + "_FILE", None)
+            env[session.HOST_ENV] = self.host_token(node.name)
         if node.name.startswith("edge-"):
             env.pop("HFL_RELAY_SECRET", None)
         else:
@@ -305,6 +310,8 @@ class Testbed:
                     address = self.edge_address[edge]
                     for h in range(self.cfg.topology.hosts_per_edge):
                         name = f"devices-{e:03d}-{h}"
+                        share = topology.host_slice(topology.edge_members(self.cfg, e), h, self.cfg.topology.hosts_per_edge)
+                        self._host_range(name, share)
                         if name not in self.skip_hosts:
                             self._spawn(name, ["devices", "--edge", self.via.get(name, address), "--host-index", str(h),
                                                "--hosts", str(self.cfg.topology.hosts_per_edge)])
@@ -312,13 +319,29 @@ class Testbed:
                 # each address named by its edge: a host with a certificate per device dials only its share's edges
                 addresses = [f"{name}={address}" for name, address in self.edge_address.items()]
                 hosts = topology.host_count(self.cfg)
+                members = [topology.edge_members(self.cfg, e) for e in range(self.cfg.topology.edges)]
                 for h in range(hosts):
+                    self._host_range(core_host_name(h), topology.union_slice(members, h, hosts))
                     self._spawn(core_host_name(h), ["devices", *[a for address in addresses for a in ("--edge", address)],
                                                     "--host-index", str(h), "--hosts", str(hosts)])
         except BaseException:
             self.close()
             raise
         return self
+
+    def _host_range(self, name: str, share: list[str]) -> None:
+        if share:
+            self.host_ranges[name] = (topology.device_index(share[0]), topology.device_index(share[-1]))
+
+    def host_token(self, name: str) -> str:
+        """The credential the testbed hands device host `name` (a test that plays a host presents it)."""
+        return session.host_token(self._run_join_secret(), *self.host_ranges[name])
+
+    def _run_join_secret(self) -> str:
+        """The run's join secret (a Register without it is refused, common/session.py): one for the testbed's life."""
+        if not getattr(self, "_join_secret", None):
+            self._join_secret = os.environ.get(session.JOIN_ENV) or secrets.token_hex(16)
+        return self._join_secret
 
     def device_hosts(self) -> list[str]:
         """Names of the device host processes started (or skipped) by this testbed."""

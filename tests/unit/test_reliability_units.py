@@ -149,3 +149,20 @@ def test_refuse_install_threshold():
     assert "moved by 1.1" in refuse_install(old + np.float32(0.11), old, 1.0)      # moved 1.1
     assert refuse_install(old + np.float32(1e6), old, 0.0) == ""                   # 0: only non-finite refused
     assert "non-finite" in refuse_install(np.full(100, np.nan, np.float32), old, 0.0)
+
+
+def test_an_upload_far_beyond_the_others_is_left_out_and_honest_spreads_are_kept():
+    from hfl.common.robust import outliers
+
+    rng = np.random.default_rng(0)
+    honest = [rng.normal(0, s, 50).astype(np.float32) for s in (1.0, 2.0, 3.0, 0.5)]  # a 6x spread of norms
+    assert outliers(honest, 10.0) == {}
+    insider = np.full(50, 1e30, np.float32)
+    out = outliers([*honest, insider], 10.0)
+    assert list(out) == [4] and "aggregation.max_member_ratio" in out[4]
+    assert list(outliers([honest[0], insider], 10.0)) == [1]  # two uploads: each is judged against the other
+    assert list(outliers([honest[0], np.full(50, np.inf, np.float32), honest[1]], 10.0)) == [1]
+    assert outliers([insider], 10.0) == {} and outliers([*honest, insider], 0.0) == {}
+    # the bound is the stated ratio of the median of the others, to the value
+    base = [np.ones(4), np.ones(4), 10 * np.ones(4) * (1 + 1e-9), 10 * np.ones(4) * (1 - 1e-9)]
+    assert list(outliers(base[:3], 10.0)) == [2] and outliers([base[0], base[1], base[3]], 10.0) == {}

@@ -1,0 +1,130 @@
+"""Trust boundaries between the tiers, on real processes: no party makes another import code, a device host
+registers its own device ids only, one insider cannot freeze the model, a forged relayed upload costs only itself,
+and resumed state is checked like a message."""
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from .conftest import SMALL
+
+CANARY = os.path.join(os.path.dirname(__file__), "canary_plugin.py")
+
+
+def _role(*args, env=None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "hfl.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env={**os.environ, **(env or {})})
+
+
+def _port(path, proc, timeout=120.0) -> str:
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and path.read_text().strip()):
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.monotonic() < deadline, f"{path} not written"
+        time.sleep(0.05)
+    return f"127.0.0.1:{path.read_text().strip()}"
+
+
+def _refused(proc, timeout=120.0) -> str:
+    out, _ = proc.communicate(timeout=timeout)
+    assert proc.returncode == 2, out[-2000:]
+    return out
+
+
+def test_a_node_refuses_plugins_named_by_a_remote_spec(tmp_path):
+    """The cloud's config names a plugin: an edge and a device host that were not given it refuse the run's spec with
+    its name and never import it; an edge given it (--plugins) runs."""
+    canaries = tmp_path / "canaries"
+    canaries.mkdir()
+    config = tmp_path / "run.toml"
+    config.write_text(f'[run]\nplugins = ["{CANARY}"]\nrounds = 1\n[topology]\nedges = 1\ndevices_per_edge = 2\n')
+    env = {"HFL_CANARY_DIR": str(canaries), "HFL_PLUGINS": ""}
+    procs = []
+    try:
+        cloud = _role("cloud", str(config), "--listen", "127.0.0.1:0", "--run-dir", str(tmp_path / "run"),
+                      "--port-file", str(tmp_path / "cloud.port"), env=env)
+        procs.append(cloud)
+        address = _port(tmp_path / "cloud.port", cloud)
+        assert {p.name for p in canaries.iterdir()} == {str(cloud.pid)}  # the cloud's own config names it
+        bare = _role("edge", "--id", "edge-000", "--listen", "127.0.0.1:0", "--cloud", address, "--wait", "60", env=env)
+        procs.append(bare)
+        out = _refused(bare)
+        assert "names plugins this node did not load" in out and CANARY in out and "Traceback" not in out
+        edge = _role("edge", "--id", "edge-000", "--listen", "127.0.0.1:0", "--cloud", address, "--wait", "60",
+                     "--port-file", str(tmp_path / "edge.port"), "--plugins", CANARY, env=env)
+        procs.append(edge)
+        edge_address = _port(tmp_path / "edge.port", edge)
+        host = _role("devices", "--edge", edge_address, "--wait", "60", env=env)  # the edge's spec names it too
+        procs.append(host)
+        out = _refused(host)
+        assert "names plugins this node did not load" in out and CANARY in out and "Traceback" not in out
+        assert {p.name for p in canaries.iterdir()} == {str(cloud.pid), str(edge.pid)}
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.communicate()
+
+
+HOSTS2 = SMALL + ["topology.host_layout=per_edge", "topology.hosts_per_edge=2", "run.rounds=3"]
+
+
+def test_a_device_host_cannot_register_another_hosts_device(hfl_testbed):
+    """Every device host holds a credential for its own device ids only: host 1 of edge-000, holding its own valid
+    token, cannot claim host 0's dev-00000 before host 0 starts; host 0 then registers it and the run ends."""
+    import grpc
+
+    from hfl.common import session
+
+    from .mitm import Tamper
+    from .rawclient import RawDevice
+
+    with Tamper() as late:  # host 0 of edge-000 (dev-00000) waits in this proxy
+        tb = hfl_testbed(overrides=HOSTS2, via={"devices-000-0": late.address})
+        assert tb.host_ranges["devices-000-0"] == (0, 0) and tb.host_ranges["devices-000-1"] == (1, 2)
+        insider = RawDevice(tb.edge_addresses[0], "dev-00000", insider=False)
+        own = ((session.HOST_KEY, tb.host_token("devices-000-1")),)
+        with pytest.raises(grpc.RpcError) as err:
+            insider.stub.Register(insider_request(insider), metadata=own)
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED, err.value.details()
+        assert "dev-00001..dev-00002" in err.value.details() and "its own devices only" in err.value.details()
+        insider.channel.close()
+        late.upstream = tb.edge_addresses[0]
+        summary = tb.wait(timeout=600)
+    assert summary["rounds"] == 3 and all(r["devices"] == 6 for r in tb.metrics()) and not tb.deaths()
+
+
+def insider_request(device):
+    from hfl.proto import hfl_v1_pb2 as pb
+
+    return pb.RegisterRequest(run_id=device.run_id, node_id=device.id, num_samples=device.num_samples)
+
+
+def test_one_accepted_insider_cannot_freeze_the_global_model(hfl_testbed):
+    """A device that registered as itself (the host's own credential) uploads deltas of 1e30 every round: its edge
+    leaves them out (aggregation.max_member_ratio), the cloud installs every round and the model learns."""
+    from hfl.common import wire
+
+    from .mitm import Act, Tamper
+
+    def scaled(method, envelope):
+        if method == "Exchange" and envelope.meta.sender_id == "dev-00000" and envelope.tensors:
+            tensor = envelope.tensors[0]
+            vec = wire.decode_vector(tensor, len(tensor.data) // 4)
+            del envelope.tensors[:]
+            envelope.tensors.append(wire.encode(vec * np.float32(1e30) + np.float32(1e30), "float32", tensor.name))
+        return Act(envelope)
+
+    with Tamper(scaled) as proxy:
+        tb = hfl_testbed(overrides=HOSTS2, via={"devices-000-0": proxy.address})
+        proxy.upstream = tb.edge_addresses[0]
+        summary = tb.wait(timeout=600)
+    rows = tb.metrics()
+    assert summary["aggregates_rejected"] == 0 and summary["rounds"] == 3, summary
+    assert rows[-1]["accuracy"] > rows[0]["accuracy"] and rows[-1]["accuracy"] > 0.5, [r["accuracy"] for r in rows]
+    log = (tb.logs / "edge-000.log").read_text()
+    left_out = log.count("refused outlier from dev-00000")  # each of its uploads, and no honest one
+    assert left_out >= 3 and log.count("refused outlier from ") == left_out
+    assert sum(r["refused"] for r in rows) == left_out

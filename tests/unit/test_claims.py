@@ -9,7 +9,7 @@ import tomllib
 import pytest
 from scipy import stats
 
-from hfl import claims, sweep
+from hfl import claims, claims_index, sweep
 from tests.unit.test_sweep import fake_run
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -19,7 +19,9 @@ LOW = [0.70, 0.71, 0.69, 0.72]
 
 
 def claim(**raw):
-    raw = {"id": "000/9.2", "statement": "a beats b", "kind": "order", "metric": "final_accuracy", **raw}
+    """A claim over CELLS; min_seeds 2 unless given, so that the tests of the statistics can use a few seeds (the
+    seed rule has its own tests)."""
+    raw = {"id": "000/9.2", "statement": "a beats b", "kind": "order", "metric": "final_accuracy", "min_seeds": 2, **raw}
     return claims.parse_claim(raw, CELLS, ["final_accuracy", "energy"])
 
 
@@ -51,9 +53,11 @@ def test_holds_when_significant_in_the_claimed_direction_and_of_the_papers_size(
 
 
 def test_shape_only_when_the_magnitude_is_off_by_more_than_the_factor():
-    r = verdict({"a": HIGH, "b": LOW}, cells=["a", "b"], paper=[0.9, 0.4])  # the paper's gap is 5x ours
-    assert r["verdict"] == claims.SHAPE and "0.2x the paper's" in r["why"]
-    assert verdict({"a": HIGH, "b": LOW}, cells=["a", "b"], paper=[0.9, 0.4], factor=6)["verdict"] == claims.HOLDS
+    r = verdict({"a": HIGH, "b": LOW}, cells=["a", "b"], paper=[0.9, 0.88])  # our gap is 5x the paper's
+    assert r["verdict"] == claims.SHAPE and "5x the paper's" in r["why"]
+    assert verdict({"a": HIGH, "b": LOW}, cells=["a", "b"], paper=[0.9, 0.88], factor=6)["verdict"] == claims.HOLDS
+    # ours a fifth of the paper's: the upper bound is under half of it, which is more than a shape
+    assert verdict({"a": HIGH, "b": LOW}, cells=["a", "b"], paper=[0.9, 0.4])["verdict"] == claims.MAGNITUDE
 
 
 @pytest.mark.parametrize("test", ["welch", "bootstrap"])
@@ -68,8 +72,8 @@ def test_contradicted_when_significant_the_other_way():
     assert r["verdict"] == claims.CONTRADICTED and "significant the other way" in r["why"]
 
 
-def test_one_seed_is_not_shown_and_a_missing_cell_is_not_run():
-    assert verdict({"a": [0.9], "b": LOW}, cells=["a", "b"])["verdict"] == claims.ONE_SEED
+def test_one_seed_is_n_too_small_and_a_missing_cell_is_not_run():
+    assert verdict({"a": [0.9], "b": LOW}, cells=["a", "b"])["verdict"] == claims.N_SMALL
     r = verdict({"a": HIGH, "b": []}, cells=["a", "b"])
     assert r["verdict"] == claims.NOT_RUN and r["values"]["b"] == {"mean": None, "std": None, "n": 0}
 
@@ -125,7 +129,9 @@ def test_ratio_compares_the_log_ratio_with_the_papers():
     r = verdict({"a": [75.0, 76.0, 74.0, 77.0], "b": fixed}, kind="ratio", metric="energy", cells=["a", "b"], paper=0.75)
     assert r["verdict"] == claims.HOLDS and r["comparisons"][0]["effect"] == pytest.approx(0.7525, abs=1e-3)
     r = verdict({"a": [95.0, 95.5, 94.5, 95.2], "b": fixed}, kind="ratio", metric="energy", cells=["a", "b"], paper=0.75)
-    assert r["verdict"] == claims.SHAPE  # 5% saved where the paper saves 25%
+    assert r["verdict"] == claims.MAGNITUDE  # 5% saved where the paper saves 25%: the bound is under half of it
+    r = verdict({"a": [50.0, 51.0, 49.0, 50.5], "b": fixed}, kind="ratio", metric="energy", cells=["a", "b"], paper=0.75)
+    assert r["verdict"] == claims.SHAPE  # 50% saved where the paper saves 25%
     r = verdict({"a": [120.0, 121.0, 119.0], "b": fixed}, kind="ratio", metric="energy", cells=["a", "b"], paper=0.75)
     assert r["verdict"] == claims.CONTRADICTED
 
@@ -167,7 +173,7 @@ def test_paired_pairs_by_seed_and_drops_a_seed_missing_from_a_cell():
     ref = stats.ttest_rel([0.70, 0.90], [0.69, 0.885], alternative="greater")
     assert comp["pairs"] == 2 and comp["p"] == pytest.approx(ref.pvalue)
     r = claims.evaluate(c, values, {"a": [0, 1, 2], "b": [2, 3, 4]})
-    assert r["verdict"] == claims.ONE_SEED and "nothing to pair" in r["why"]
+    assert r["verdict"] == claims.N_SMALL and "nothing to pair" in r["why"]
 
 
 def test_evaluate_all_pairs_the_runs_by_their_seed():
@@ -178,6 +184,82 @@ def test_evaluate_all_pairs_the_runs_by_their_seed():
                                     {"seed": 2, "final_accuracy": float("nan")}]}]
     comp = claims.evaluate_all([c], cells)[0]["comparisons"][0]
     assert comp["pairs"] == 2 and comp["effect"] == pytest.approx(0.8 - 0.74)
+
+
+def test_the_upper_bound_is_scipys_one_sided_confidence_bound():
+    a, b = [0.8, 0.83, 0.79, 0.85, 0.81], [0.7, 0.74, 0.69, 0.75]
+    mine = claims.welch([a, b], [1, -1], alpha=0.05)
+    ref = stats.ttest_ind(a, b, equal_var=False, alternative="less").confidence_interval(0.95)
+    assert mine["upper"] == pytest.approx(ref.high)
+    # the same bound from its definition: the contrast plus t(0.95, Welch df) standard errors
+    se = (stats.tstd(a) ** 2 / len(a) + stats.tstd(b) ** 2 / len(b)) ** 0.5
+    assert mine["upper"] == pytest.approx(0.816 - 0.72 + stats.t.ppf(0.95, mine["df"]) * se)
+    one = claims.welch([a], [1], alpha=0.1)
+    assert one["upper"] == pytest.approx(stats.ttest_1samp(a, 0, alternative="less").confidence_interval(0.9).high)
+
+
+SMALL = {"a": [0.71, 0.72, 0.70, 0.73, 0.71], "b": [0.70, 0.71, 0.69, 0.72, 0.70]}  # +1 point, tight
+
+
+def test_contradicted_in_magnitude_when_the_upper_bound_is_under_the_stated_fraction_of_the_papers_effect():
+    r = verdict(SMALL, cells=["a", "b"], paper=[0.8, 0.7], min_seeds=5)  # the paper: +10 points
+    comp, = r["comparisons"]
+    ref = stats.ttest_ind(SMALL["a"], SMALL["b"], equal_var=False, alternative="less").confidence_interval(0.95).high
+    assert comp["upper_bound"] == pytest.approx(ref) and comp["paper_effect"] == pytest.approx(0.1)
+    assert r["verdict"] == claims.MAGNITUDE and "below 0.5 x the paper's 0.1" in r["why"]
+    # under a fraction of 0.1 the same data are compared with 1 point: the bound is above it, the direction is not
+    # significant (p ~ 0.1): not shown
+    assert verdict(SMALL, cells=["a", "b"], paper=[0.8, 0.7], magnitude_fraction=0.1)["verdict"] == claims.NOT_SHOWN
+    # a significant effect a quarter of the paper's is smaller in magnitude, not "shape only"
+    big = {"a": [0.80, 0.81, 0.79, 0.80, 0.80], "b": [0.70, 0.71, 0.69, 0.70, 0.70]}
+    assert verdict(big, cells=["a", "b"], paper=[1.1, 0.7])["verdict"] == claims.MAGNITUDE
+    assert verdict(big, cells=["a", "b"], paper=[0.85, 0.7])["verdict"] == claims.HOLDS
+    # the other direction significant is contradicted, whatever the magnitude; no paper value, no magnitude verdict
+    assert verdict({"a": SMALL["b"], "b": [0.8] * 4 + [0.81]}, cells=["a", "b"], paper=[0.8, 0.7])["verdict"] == claims.CONTRADICTED
+    assert verdict(SMALL, cells=["a", "b"])["verdict"] == claims.NOT_SHOWN
+    # a weak relation is a non-inferiority test: no magnitude verdict
+    assert "upper_bound" not in verdict(SMALL, cells=["a", "b"], relation=">=", paper=[0.8, 0.7])["comparisons"][0]
+    with pytest.raises(claims.ClaimError, match="magnitude_fraction must be in"):
+        claim(cells=["a", "b"], magnitude_fraction=1.5)
+
+
+def test_the_magnitude_of_a_ratio_and_of_a_gap_trend_step():
+    fixed = [100.0, 102.0, 98.0, 101.0, 99.0]
+    r = verdict({"a": [97.0, 98.0, 96.0, 97.5, 96.5], "b": fixed}, kind="ratio", metric="energy", cells=["a", "b"],
+                paper=0.5)  # the paper saves half; ours about 3%: the bound is far under a quarter of b
+    assert r["verdict"] == claims.MAGNITUDE and r["comparisons"][0]["paper_effect"] == pytest.approx(0.5 * 100)
+    grows = {"a": [0.60, 0.61, 0.59], "b": [0.55, 0.56, 0.54], "c": [0.70, 0.71, 0.69], "d": [0.50, 0.51, 0.49]}
+    r = verdict(grows, kind="gap_trend", pairs=[["a", "b"], ["c", "d"]], direction="increasing", paper=[0.05, 0.9])
+    assert r["verdict"] == claims.MAGNITUDE and r["comparisons"][0]["paper_effect"] == pytest.approx(0.85)
+
+
+def test_a_verdict_needs_five_seeds_a_cell_and_shows_what_the_test_alone_says():
+    four = {"a": HIGH, "b": LOW}
+    r = claims.evaluate(claims.parse_claim({"id": "000/9.2", "statement": "s", "kind": "order", "metric": "final_accuracy",
+                                            "cells": ["a", "b"]}, CELLS, ["final_accuracy"]), four)
+    comp, = r["comparisons"]
+    assert r["verdict"] == claims.N_SMALL and comp["test_verdict"] == claims.HOLDS and comp["p"] < 0.05
+    assert r["why"].startswith("a > b: 4 finished seeds in a cell, under the 5 a verdict needs (the test alone: holds")
+    five = {"a": HIGH + [0.8], "b": LOW + [0.7]}
+    assert verdict(five, cells=["a", "b"], min_seeds=5)["verdict"] == claims.HOLDS
+    # the paired test counts pairs: five values a cell but four common seeds
+    c = claim(cells=["a", "b"], test="paired", min_seeds=5)
+    r = claims.evaluate(c, five, {"a": [0, 1, 2, 3, 4], "b": [0, 1, 2, 3, 9]})
+    assert r["verdict"] == claims.N_SMALL and "4 pairs" in r["why"]
+    with pytest.raises(claims.ClaimError, match="min_seeds must be an integer >= 2"):
+        claim(cells=["a", "b"], min_seeds=1)
+
+
+def test_deterministic_values_are_decided_from_the_values_at_any_number_of_seeds():
+    r = verdict({"a": [3.0, 3.0, 3.0], "b": [2.0, 2.0, 2.0]}, cells=["a", "b"], min_seeds=5)
+    assert r["verdict"] == claims.HOLDS and r["deterministic"] and r["comparisons"][0]["deterministic"]
+    assert "Deterministic values" in claims.markdown([r])
+    r = verdict({"a": [2.0, 2.0, 2.0], "b": [3.0, 3.0, 3.0]}, cells=["a", "b"], min_seeds=5)
+    assert r["verdict"] == claims.CONTRADICTED and "deterministic values" in r["why"]
+    r = verdict({"a": [2.1] * 3, "b": [2.0] * 3}, cells=["a", "b"], paper=[3.0, 2.0], min_seeds=5)  # 0.1 of the paper's 1
+    assert r["verdict"] == claims.MAGNITUDE and r["comparisons"][0]["upper_bound"] == pytest.approx(0.1)
+    # one cell with spread: an ordinary test, and the seed rule
+    assert verdict({"a": [3.0, 3.1, 2.9], "b": [2.0] * 3}, cells=["a", "b"], min_seeds=5)["verdict"] == claims.N_SMALL
 
 
 def share(values, **raw):
@@ -215,7 +297,7 @@ def test_a_bad_share_claim_is_an_error(raw, message):
 
 
 GRID_SPEC = """
-seeds = [0, 1, 2]
+seeds = [0, 1, 2, 3, 4]
 [grid]
 "train.lr" = [0.01, 0.1, 0.5]
 [variants.x]
@@ -302,13 +384,13 @@ def test_the_sweep_writes_verdicts_to_markdown_json_and_plots_and_report_only_re
     table = (out / "results.md").read_text()
     assert "### 001/9.4: **holds**" in table and "### 001/9.1 (at lr 0.1): **not shown**" in table
     assert "- Paper: accuracy grows with the step size" in table and "- Paper's figure: Fig. 9" in table
-    assert "x,train.lr=0.01 0.51 ± 0.01 (n = 3)" in table and "one-sided Welch t-test, alpha 0.05" in table
+    assert "x,train.lr=0.01 0.52 ± 0.016 (n = 5)" in table and "one-sided Welch t-test, alpha 0.05" in table
     assert {"claim_001_9.4.png", "claim_001_9.1-at_lr_0.1.png"} <= set(result["plots"])
     assert (out / "claim_001_9.4.png").read_bytes()[:4] == b"\x89PNG"
 
     assert sweep.run_sweep(tmp_path / "s.toml", out, quiet=True) == 0  # every run finished: nothing runs, results again
     prov = json.loads((out / "results.json").read_text())["provenance"]
-    assert prov["command"] == f"hfl sweep {tmp_path / 's.toml'} --out {out}" and prov["seeds"] == [0, 1, 2]
+    assert prov["command"] == f"hfl sweep {tmp_path / 's.toml'} --out {out}" and prov["seeds"] == [0, 1, 2, 3, 4]
     assert len(prov["commit"]) == 40 and "CPUs" in prov["machine"] and prov["wall_seconds"] >= 0
     assert f"- Command: `hfl sweep {tmp_path / 's.toml'} --out {out}`" in (out / "results.md").read_text()
 
@@ -376,9 +458,85 @@ def test_every_committed_report_ran_every_cell_and_seed_of_its_spec():
     assert not behind, f"reports behind their specs' cells or seeds: {behind}"
 
 
-def test_reproductions_index_is_current():
-    page = (ROOT / "REPRODUCTIONS.md").read_text()
-    fresh = subprocess.run([sys.executable, "-m", "hfl.claims", "index"], capture_output=True, text=True, check=True,
-                           cwd=ROOT).stdout
-    assert page == fresh, "REPRODUCTIONS.md is stale: python -m hfl.claims index > REPRODUCTIONS.md"
-    assert page.count("\n| 00") == 29
+def test_reproductions_index_and_the_papers_pages_are_current():
+    fresh = subprocess.run([sys.executable, "-c", "import json; from hfl import claims; print(json.dumps(claims.index_pages()))"],
+                           capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    pages = json.loads(fresh)
+    stale = [rel for rel, text in pages.items() if not (ROOT / rel).is_file() or (ROOT / rel).read_text() != text]
+    assert not stale, f"stale: {stale}; write them with python -m hfl.claims index --write"
+    page = pages["REPRODUCTIONS.md"]
+    assert page.count("\n| [00") == 29
+    assert set(pages) == {"REPRODUCTIONS.md"} | {f"{p.relative_to(ROOT).as_posix()}/README.md"
+                                                 for p in (ROOT / "reproductions").glob("00?-*")}
+
+
+def test_every_end_to_end_check_names_its_primary_spec_and_every_other_spec_as_an_ablation():
+    checks = tomllib.loads((ROOT / claims.CHECKS).read_text())
+    naming = {}
+    for path in sorted((ROOT / "deploy" / "experiments").glob("*.toml")):
+        for c in sweep.load_spec(path).claims:
+            naming.setdefault(c.id, set()).add(path.relative_to(ROOT).as_posix())
+    for check in checks["check"]:
+        if check.get("unit_tests"):
+            assert "primary" not in check, check["id"]
+            continue
+        primary, ablations = set(check["primary"]), set(check["ablations"])
+        assert primary and not primary & ablations and primary | ablations == naming[check["id"]], check["id"]
+        assert check["paper_setting"], check["id"]
+        labels = {c.label for spec in primary for c in sweep.load_spec(ROOT / spec).claims if c.id == check["id"]}
+        assert set(check.get("primary_claims", [])) <= labels, check["id"]
+    for pool in checks["pool"]:
+        assert (ROOT / pool["parent"]).is_file() and (ROOT / pool["extension"]).is_file()
+
+
+def result(verdict, label="", id="000/9.2"):
+    return {"id": id, "label": label, "verdict": verdict}
+
+
+def test_a_checks_verdict_is_the_worst_of_its_primary_claims():
+    rep = claims_index.Report("p.toml", "reproductions/000-x/p", {}, [
+        result(claims.HOLDS, "paper"), result(claims.N_SMALL, "paper, gap"), result(claims.CONTRADICTED, "ablation: x"),
+        result(claims.CONTRADICTED, "reference: exact"), result(claims.CONTRADICTED, "", "000/9.3")], [], [])
+    check = {"id": "000/9.2", "primary": ["p.toml"]}
+    decided = claims_index.primary_results(check, {"p.toml": rep})
+    assert [r["label"] for _, r in decided] == ["paper", "paper, gap"]  # ablations, references, other checks: out
+    assert claims_index.row_verdict(check, decided) == (claims.N_SMALL, decided[1][1])
+    named = claims_index.primary_results({**check, "primary_claims": ["paper", "ablation: x"]}, {"p.toml": rep})
+    assert claims_index.row_verdict(check, named)[0] == claims.CONTRADICTED
+    assert claims_index.row_verdict(check, [])[0] == claims.NOT_RUN
+    assert claims_index.row_verdict({"id": "000/9.1", "unit_tests": ["t.py"]}, [])[0] == "unit tests"
+    order = [claims.CONTRADICTED, claims.MAGNITUDE, claims.NOT_RUN, claims.N_SMALL, claims.NOT_SHOWN, claims.SHAPE,
+             claims.HOLDS]
+    assert sorted(order, key=claims.RANK.get) == order
+
+
+def committed_run(root, cell, seed, lr=0.1):
+    d = root / "runs" / cell / f"seed-{seed}"
+    d.mkdir(parents=True)
+    d.joinpath("config.toml").write_text(f'[run]\nname = "x-{cell}"\nseed = {seed}\n[train]\nlr = {lr}\n')
+
+
+def test_a_seed_extension_pools_only_runs_that_share_every_setting_but_the_seed(tmp_path):
+    parent, ext = tmp_path / "parent", tmp_path / "ext"
+    for seed in (0, 1):
+        committed_run(parent, "a", seed)
+    for seed in (2, 3):
+        committed_run(ext, "a", seed)
+    assert claims_index.pool_problems(parent, ext, ["a"], sweep.changed_keys) == []
+    committed_run(ext, "a", 4, lr=0.2)
+    problem, = claims_index.pool_problems(parent, ext, ["a"], sweep.changed_keys)
+    assert "ext/seed-4 differs from parent/seed-0 in train.lr" in problem
+    committed_run(ext, "b", 1)
+    committed_run(parent, "b", 1)
+    assert claims_index.pool_problems(parent, ext, ["b"], sweep.changed_keys) == ["b: seed-1 in both"]
+    assert "no committed runs in the parent" in claims_index.pool_problems(parent, ext, ["c"], sweep.changed_keys)[0]
+    cells = claims_index.pooled([{"cell": "a", "runs": [{"seed": 0}], "seeds": [0]}, {"cell": "z", "runs": [], "seeds": []}],
+                                [{"cell": "a", "runs": [{"seed": 2}], "seeds": [2]}])
+    assert cells[0]["runs"] == [{"seed": 0}, {"seed": 2}] and cells[0]["seeds"] == [0, 2] and cells[1]["seeds"] == []
+
+
+def test_the_committed_seed_extensions_pool_into_their_parents():
+    checks, reports, _ = claims_index.gather(ROOT, claims_index.Sources(sweep.load_spec, claims.evaluate_all, claims._paired_note, sweep.changed_keys))
+    for pool in checks["pool"]:
+        parent = reports[pool["parent"]]
+        assert parent.pool_problems == [] and reports[pool["extension"]].dir in parent.pooled_from

@@ -35,7 +35,7 @@ def _refuse(message: str, reason: str, code=grpc.StatusCode.INVALID_ARGUMENT) ->
 
 
 class FusionCenter:
-    def __init__(self, cfg, dim: int, run_dir: pathlib.Path):
+    def __init__(self, cfg, dim: int, run_dir: pathlib.Path, refusals=None):
         self.cfg = cfg
         self.dim = dim
         self.groups = precision.resolve(cfg)
@@ -51,6 +51,8 @@ class FusionCenter:
         self.fused: list[dict] = []
         self.relay_secret = relay_tag.secret_from_env()  # None: relayed uploads cannot be authenticated
         self.missing: dict[int, int] = {}  # round -> drawn devices an edge submitted without (dropped on the way)
+        self.refused: dict[int, int] = {}  # round -> relayed uploads refused alone (their edges' others fused)
+        self.refusals = refusals  # service_base.Refusals: each upload refused alone is counted with its reason
 
     # ---- the round plan ---------------------------------------------------------------------------
     def draw(self, r: int) -> tuple[dict[str, dict], tuple[int, ...]]:
@@ -80,15 +82,17 @@ class FusionCenter:
         bits = sum(int(p["bits"]) for p in devices.values())
         eps = [p.get("epsilon1", self.codec_eps) for p in devices.values()]
         out = {"cluster_sizes": list(sizes), "bits_per_coordinate": bits, "drawn_devices": len(devices),
-               "relay_missing": self.missing.pop(r, 0)}
+               "relay_missing": self.missing.pop(r, 0), "relay_refused": self.refused.pop(r, 0)}
         if self.codec in ("dpsq", "laplace-sq") and eps and all(e is not None for e in eps):
             out["epsilon_claimed"] = theory.dpsq_upload_epsilon(self.dim, max(eps))
         return out
 
     # ---- one edge's relayed uploads ---------------------------------------------------------------
     def fuse(self, edge: str, envelope: pb.Envelope, r: int, plan_len: int) -> tuple[np.ndarray, float, list[dict]]:
-        """Check, dequantize, pass through the link and score every upload `edge` relayed; raises WireError (and
-        changes nothing) on any bad one. Returns (sum s_i y_i / sum s_i, sum s_i, rows for fusion.jsonl)."""
+        """Check, dequantize, pass through the link and score every upload `edge` relayed. A bad upload (forged,
+        replayed, altered, not drawn) is refused alone, counted with its reason, and the others are fused; a submit
+        with no good upload, or a malformed submit, raises WireError and changes nothing. Returns
+        (sum s_i y_i / sum s_i, sum s_i, rows for fusion.jsonl)."""
         if envelope.tensors:
             raise _refuse(f"{edge} sent tensors: under {self.cfg.run.algorithm} an edge only relays its devices' "
                           "uploads", "bad_tensors")
@@ -100,45 +104,22 @@ class FusionCenter:
         seen: set[str] = set()
         acc = np.zeros(self.dim, np.float64)
         total = 0.0
-        rows = []
+        rows, refused = [], []
         for raw in envelope.relayed:
             try:
-                upload = pb.Envelope.FromString(raw)
-            except DecodeError as exc:
-                raise _refuse(f"{edge} relayed an unreadable upload: {exc}", "malformed") from None
-            meta = upload.meta
-            validate.check_meta(meta, self.cfg.run.rounds, plan_len)
-            node = meta.sender_id
-            if node not in members or node not in drawn:
-                raise _refuse(f"{edge} relayed an upload from {validate.short(node)}, not one of its devices drawn for "
-                              f"round {r}", "bad_relay", grpc.StatusCode.PERMISSION_DENIED)
-            if node in seen:
-                raise _refuse(f"{edge} relayed {node} twice in round {r}", "replay", grpc.StatusCode.ALREADY_EXISTS)
-            seen.add(node)
-            if meta.round != r or meta.run_id != envelope.meta.run_id or meta.phase != plans.EDGE_MODEL_SYNC:
-                raise _refuse(f"{edge} relayed {node}'s upload for round {meta.round} ({validate.short(meta.phase)}), "
-                              f"not round {r}", "wrong_round", grpc.StatusCode.FAILED_PRECONDITION)
-            tensor = wire.single_tensor(upload, "delta")
-            if self.relay_secret is not None:
-                relay_tag.check(self.relay_secret, envelope.meta.run_id, r, meta.attempt, node, tensor.data,
-                                meta.transforms)
-            if tensor.encoding != self.codec:
-                raise _refuse(f"{node}'s upload is {validate.short(tensor.encoding)}, the run's uplink codec is "
-                              f"{self.codec}", "wrong_codec")
-            bits = int(drawn[node]["bits"])
-            payload = precision.check_upload_header(self.groups, tensor, bits, node)
-            std = float(drawn[node]["link_std"])
-            link = StageRef("channel", "awgn", {"std": std}) if std > 0 else None
-            y, _ = self.uplink.receive(tensor, self.dim, self.cfg.run.seed, topology.device_index(node), r, meta.step,
-                                       link)
-            distortion = self._distortion(node, upload, payload, bits, drawn[node]) if self.rule == "fwo" else None
-            score = min(float(fusion.fusion_scores(self.rule, bits=[bits], distortions=[distortion or 0.0],
-                                                   link_stds=[std], dim=self.dim)[0]), 1 / SCORE_FLOOR)
+                node, score, y, row = self._one(edge, envelope.meta.run_id, raw, r, plan_len, drawn, members, seen)
+            except wire.WireError as exc:
+                refused.append(exc)
+                continue
             acc += score * y.astype(np.float64)
             total += score
-            rows.append({"round": r, "device": node, "edge": edge, "group": int(drawn[node]["group"]), "bits": bits,
-                         "link_std": std, "score": score, "distortion": distortion, "bytes": len(tensor.data),
-                         "sha256": hashlib.sha256(tensor.data).hexdigest()})
+            rows.append(row)
+        if refused and not rows:
+            raise refused[0]
+        for exc in refused:
+            if self.refusals is not None:
+                self.refusals.add(exc.reason, edge, f"one relayed upload, the others fused: {exc}")
+        self.refused[r] = self.refused.get(r, 0) + len(refused)
         drawn_here = sorted(set(drawn) & members)
         if len(seen) < len(drawn_here):  # an edge may drop an upload: it cannot hide that it did
             log.warning("round %d: %s relayed %d of its %d drawn devices (missing %s)", r, edge, len(seen),
@@ -146,6 +127,44 @@ class FusionCenter:
             self.missing[r] = self.missing.get(r, 0) + len(drawn_here) - len(seen)
         delta = (acc / total).astype(np.float32) if total > 0 else np.zeros(self.dim, np.float32)
         return delta, total, rows
+
+    def _one(self, edge: str, run_id: str, raw: bytes, r: int, plan_len: int, drawn: dict, members: set,
+             seen: set) -> tuple[str, float, np.ndarray, dict]:
+        """One relayed upload checked and scored: (device, score, y, its fusion.jsonl row); WireError if refused."""
+        try:
+            upload = pb.Envelope.FromString(raw)
+        except DecodeError as exc:
+            raise _refuse(f"{edge} relayed an unreadable upload: {exc}", "malformed") from None
+        meta = upload.meta
+        validate.check_meta(meta, self.cfg.run.rounds, plan_len)
+        node = meta.sender_id
+        if node not in members or node not in drawn:
+            raise _refuse(f"{edge} relayed an upload from {validate.short(node)}, not one of its devices drawn for "
+                          f"round {r}", "bad_relay", grpc.StatusCode.PERMISSION_DENIED)
+        if node in seen:
+            raise _refuse(f"{edge} relayed {node} twice in round {r}", "replay", grpc.StatusCode.ALREADY_EXISTS)
+        if meta.round != r or meta.run_id != run_id or meta.phase != plans.EDGE_MODEL_SYNC:
+            raise _refuse(f"{edge} relayed {node}'s upload for round {meta.round} ({validate.short(meta.phase)}), "
+                          f"not round {r}", "wrong_round", grpc.StatusCode.FAILED_PRECONDITION)
+        tensor = wire.single_tensor(upload, "delta")
+        if self.relay_secret is not None:
+            relay_tag.check(self.relay_secret, run_id, upload)
+        if tensor.encoding != self.codec:
+            raise _refuse(f"{node}'s upload is {validate.short(tensor.encoding)}, the run's uplink codec is "
+                          f"{self.codec}", "wrong_codec")
+        bits = int(drawn[node]["bits"])
+        payload = precision.check_upload_header(self.groups, tensor, bits, node)
+        std = float(drawn[node]["link_std"])
+        link = StageRef("channel", "awgn", {"std": std}) if std > 0 else None
+        y, _ = self.uplink.receive(tensor, self.dim, self.cfg.run.seed, topology.device_index(node), r, meta.step, link)
+        distortion = self._distortion(node, upload, payload, bits, drawn[node]) if self.rule == "fwo" else None
+        score = min(float(fusion.fusion_scores(self.rule, bits=[bits], distortions=[distortion or 0.0],
+                                               link_stds=[std], dim=self.dim)[0]), 1 / SCORE_FLOOR)
+        row = {"round": r, "device": node, "edge": edge, "group": int(drawn[node]["group"]), "bits": bits,
+               "link_std": std, "score": score, "distortion": distortion, "bytes": len(tensor.data),
+               "sha256": hashlib.sha256(tensor.data).hexdigest()}
+        seen.add(node)  # fused: a second upload of the device is a replay; one refused leaves it missing
+        return node, score, y, row
 
     def _distortion(self, node: str, upload: pb.Envelope, payload, bits: int, plan: dict) -> float:
         """FWO's E||Q(v)-v||^2 for one upload, by the configured estimate (digest 004 P3)."""
@@ -177,7 +196,8 @@ class FusionCenter:
                           for m, (s, b) in enumerate(zip(g.sizes, g.bits))],
                "participants": self.cfg.precision.participants or sum(g.sizes),
                "relay_integrity": ("device tags checked (HMAC keyed from HFL_RELAY_SECRET): an edge can delay or drop "
-                                   "an upload, with a trace in relay_missing, not forge, replay or alter one")
+                                   "an upload, with a trace in relay_missing, not forge, replay or alter one (each "
+                                   "such upload is refused alone, counted in relay_refused)")
                if self.relay_secret is not None else ("unchecked: HFL_RELAY_SECRET was not given to the cloud and "
                                                       "the device hosts, so an edge could forge or replay uploads"),
                "bit_budget": self.cfg.precision.bit_budget or None}

@@ -68,6 +68,11 @@ class DigitalCloud:
         self.weights_rule = plans.weights_rule(self.cfg, "cloud")
 
     # ---- one edge's result --------------------------------------------------------------------
+    @property
+    def result_size(self) -> int:
+        """Values in an accepted edge result's delta (what a resumed cloud checks its pending results against)."""
+        return self.dim
+
     def accept(self, edge: str, envelope: pb.Envelope, round_: int, records) -> Accepted:
         """Decode an edge's result (raises WireError and changes nothing); `records` are its DP events."""
         delta, _ = self.backhaul.receive(wire.single_tensor(envelope, "delta"), self.dim, self.cfg.run.seed,
@@ -129,7 +134,7 @@ class RelayCloud(DigitalCloud):
 
     def __init__(self, ports: CloudPorts):
         super().__init__(ports)
-        self.fusion = FusionCenter(self.cfg, self.dim, self.run_dir)
+        self.fusion = FusionCenter(self.cfg, self.dim, self.run_dir, ports.refusals)
 
     def accept(self, edge: str, envelope: pb.Envelope, round_: int, records) -> Accepted:
         delta, weight, fused = self.fusion.fuse(edge, envelope, round_, 1 << 16)
@@ -164,6 +169,8 @@ class AirCloud(DigitalCloud):
 
         self.medium = Medium(self.cfg, self.run_dir, self.dim, ports.refusals, ports.device_samples)
         self.round_models: dict = {}
+
+    result_size = 0  # the medium holds the round's models
 
     def accept(self, edge: str, envelope: pb.Envelope, round_: int, records) -> Accepted:
         if envelope.tensors:

@@ -121,7 +121,7 @@ class CloudServer(Gate, pbg.CloudServiceServicer):
         if self.resume:
             self._resume()
             self.round = self.first_round  # edges may submit this round as soon as they reconnect
-            self.results = self.store.load_pending(self.round, self.run_id)
+            self.results = self.store.load_pending(self.round, self.run_id, self.mode.result_size)
         self.spec_json = json.dumps({"config": config_mod.to_dict(self.cfg), "model_dim": self.dim,
                                      "samples": self.device_samples})
         log.info("model %s: %d parameters; %d test samples; run %s", self.cfg.model.name, self.dim, len(self.test), self.run_id)
@@ -270,7 +270,7 @@ class CloudServer(Gate, pbg.CloudServiceServicer):
 
     def _resume(self) -> None:
         """Continue from the checkpoint: its model and run id, the metrics rows up to it, the logs cut to it."""
-        saved = self.store.load_checkpoint(self.dim)
+        saved = self.store.load_checkpoint(self.w, self.cfg.aggregation.max_update_ratio)
         self.run_id, self.w, self.claims = saved.run_id, saved.w, saved.claims
         rows = self.store.metrics_up_to(saved.last)
         if (not rows or rows[-1]["round"] < saved.last) and saved.stats is not None:

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hfl.common import metrics
+from hfl.common.config_error import ConfigError
+from hfl.common.robust import refuse_install
 from hfl.common.privacy import on_wire
 from hfl.common.privacy.ledger import lines_to_keep
 from hfl.proto import hfl_v1_pb2 as pb
@@ -63,7 +65,9 @@ class RunStore:
                       scalars=json.dumps(result.scalars), run_id=run_id, fused=json.dumps(result.fused),
                       transforms=np.frombuffer(pb.Meta(transforms=result.transforms).SerializeToString(), np.uint8))
 
-    def load_pending(self, round_: int, run_id: str) -> dict[str, EdgeResult]:
+    def load_pending(self, round_: int, run_id: str, size: int) -> dict[str, EdgeResult]:
+        """The results accepted for `round_` before a restart, each checked like a message (its delta `size` finite
+        values, its DP events parsed); a bad one is discarded with its reason: its edge submits again."""
         results = {}
         folder = self.pending(round_)
         for path in sorted(folder.glob("edge-*.npz")) if folder.exists() else []:
@@ -78,6 +82,8 @@ class RunStore:
                     result = EdgeResult(f["delta"], int(f["devices"]), int(f["samples"]),
                                         json.loads(str(f["scalars"])), list(meta.transforms),
                                         json.loads(str(f["fused"])))
+                if result.delta.shape != (size,):
+                    raise ValueError(f"a delta of shape {result.delta.shape}, the round's results have {size} values")
                 if not np.isfinite(result.delta).all():
                     raise ValueError("non-finite delta")
             except Exception as exc:  # noqa: BLE001 - a bad file costs its edge's result, never the resume
@@ -97,16 +103,24 @@ class RunStore:
                       row=json.dumps(metrics.clean(stats)))
         shutil.rmtree(self.pending(r), ignore_errors=True)
 
-    def load_checkpoint(self, dim: int) -> Resumed:
+    def load_checkpoint(self, initial: np.ndarray, max_ratio: float) -> Resumed:
+        """The checkpoint, checked like a message before anything is installed: its weights must be the model's
+        shape, finite and within aggregation.max_update_ratio of the initial model (ConfigError, one line, if not)."""
         path = self.run_dir / "checkpoint.npz"
         if not path.exists():
             raise RuntimeError(f"--resume: {path} does not exist (nothing to resume)")
-        with np.load(path) as ckpt:
-            run_id, last = str(ckpt["run_id"]), int(ckpt["round"])
-            w = ckpt["weights"].astype(np.float32)
-            stats = json.loads(str(ckpt["row"])) if "row" in ckpt.files else None
-        if w.shape != (dim,):
-            raise RuntimeError(f"--resume: checkpoint holds {w.shape[0]} weights, the model has {dim}")
+        try:
+            with np.load(path) as ckpt:
+                run_id, last = str(ckpt["run_id"]), int(ckpt["round"])
+                w = np.asarray(ckpt["weights"], dtype=np.float32)
+                stats = json.loads(str(ckpt["row"])) if "row" in ckpt.files else None
+        except (OSError, ValueError, KeyError) as exc:
+            raise ConfigError(f"--resume: {path} is unreadable ({exc.__class__.__name__}: {exc})") from None
+        if w.shape != initial.shape:
+            raise ConfigError(f"--resume: {path} holds weights of shape {w.shape}, the model has {initial.shape[0]}")
+        why = refuse_install(w, initial, max_ratio)
+        if why:
+            raise ConfigError(f"--resume: {path} refused: {why} from the initial model")
         claims = {}
         if (self.run_dir / "privacy.json").exists():
             claims = json.loads((self.run_dir / "privacy.json").read_text())["trust"]

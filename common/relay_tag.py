@@ -2,7 +2,8 @@
 
 The launcher gives the cloud and the device hosts, never the edges, a per-run secret (`HFL_RELAY_SECRET`, random,
 never in `config.toml` or a log). Each device keys an HMAC-SHA256 with HMAC(secret, device id) and tags its upload's
-(run id, round, attempt, device id, SHA-256 of the tensor); the cloud recomputes it. An edge can then still delay or
+(run id, round, attempt, step, device id, the tensor's header and SHA-256, and every transform record the cloud
+reads, such as a reported distortion); the cloud recomputes it. An edge can then still delay or
 drop an upload (the cloud counts drawn devices it never received), but not forge one, replay it into another round
 or attempt, or pass one device's upload off as another's. Without the secret (roles started by hand without it) the
 cloud cannot check, and says so in summary.json.
@@ -30,17 +31,27 @@ def device_key(secret: bytes, device: str) -> bytes:
     return hmac.new(secret, b"hfl-relay-device|" + device.encode(), hashlib.sha256).digest()
 
 
-def tag(key: bytes, run_id: str, round_: int, attempt: int, device: str, data: bytes) -> str:
-    message = f"{run_id}|{round_}|{attempt}|{device}|{hashlib.sha256(data).hexdigest()}".encode()
+def tag(key: bytes, run_id: str, round_: int, attempt: int, device: str, step: int, tensor, transforms) -> str:
+    """The device's HMAC over everything of its upload that the cloud reads: the round, attempt and phase step, the
+    tensor (name, dtype, shape, encoding, SHA-256 of its bytes) and every transform record with its parameters (a
+    device-reported distortion among them), in order; the tag's own record is left out."""
+    records = "|".join(f"{t.stage}/{t.name}/{t.tier}/{t.bits}/" + ",".join(f"{k}={float(v).hex()}" for k, v in
+                                                                          sorted(t.params.items()))
+                       for t in transforms if t.stage != STAGE)
+    shape = ",".join(map(str, tensor.shape))
+    message = (f"{run_id}|{round_}|{attempt}|{device}|{step}|{tensor.name}|{tensor.dtype}|{shape}|{tensor.encoding}|"
+               f"{hashlib.sha256(tensor.data).hexdigest()}|{records}").encode()
     return hmac.new(key, message, hashlib.sha256).hexdigest()
 
 
-def check(secret: bytes, run_id: str, round_: int, attempt: int, device: str, data: bytes, transforms) -> None:
-    """Refuse an upload whose tag is missing or is not the one `device` would have made for this run, round,
-    attempt and tensor (PERMISSION_DENIED, reason bad_relay_tag)."""
-    tags = [t.name for t in transforms if t.stage == STAGE]
-    want = tag(device_key(secret, device), run_id, round_, attempt, device, data)
+def check(secret: bytes, run_id: str, upload) -> None:
+    """Refuse a relayed upload (an Envelope with one tensor) whose tag is missing or is not the one its sender would
+    have made for this run, round, attempt, step, tensor and records (PERMISSION_DENIED, reason bad_relay_tag)."""
+    meta, device = upload.meta, upload.meta.sender_id
+    tags = [t.name for t in meta.transforms if t.stage == STAGE]
+    want = tag(device_key(secret, device), run_id, meta.round, meta.attempt, device, meta.step, upload.tensors[0],
+               meta.transforms)
     if len(tags) != 1 or not hmac.compare_digest(tags[0], want):
         raise WireError(grpc.StatusCode.PERMISSION_DENIED,
                         f"{device}'s relayed upload carries {'no' if not tags else 'a wrong'} device tag for round "
-                        f"{round_} attempt {attempt}: forged, replayed or altered on the way", "bad_relay_tag")
+                        f"{meta.round} attempt {meta.attempt}: forged, replayed or altered on the way", "bad_relay_tag")

@@ -133,7 +133,8 @@ class Device:
                 encode: dict | None = None) -> list[pb.Chunk]:
         tensor, transforms = self.uplink.send(vec, name, self.cfg.run.seed, self.index, task.round, step,
                                               {"encode": encode} if encode else None)
-        transforms = list(transforms) + [on_wire.to_transform(r) for r in dp] + self.mode.seal(task, name, tensor)
+        transforms = list(transforms) + [on_wire.to_transform(r) for r in dp]
+        transforms += self.mode.seal(task, step, tensor, transforms)
         meta = pb.Meta(run_id=self.run_id, round=task.round, phase=task.phases[step].kind, step=step,
                        sender_id=self.id, num_samples=len(self.shard), transforms=transforms, num_devices=1,
                        attempt=task.attempt)

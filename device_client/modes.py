@@ -49,8 +49,8 @@ class DigitalDevice:
     async def run_phase(self, task: pb.RoundTask, step: int, w: np.ndarray, losses: list) -> np.ndarray:
         raise NotImplementedError(f"{type(self).__name__} has no phase {task.phases[step].kind!r}")
 
-    def seal(self, task: pb.RoundTask, name: str, tensor: pb.Tensor) -> list[pb.Transform]:
-        """Transforms the mode adds to an upload (after the pipeline's and the DP events)."""
+    def seal(self, task: pb.RoundTask, step: int, tensor: pb.Tensor, transforms: list[pb.Transform]) -> list[pb.Transform]:
+        """Transforms the mode adds to an upload (after the pipeline's and the DP events, `transforms`)."""
         return []
 
     def end_round(self, w: np.ndarray | None) -> None:
@@ -65,14 +65,14 @@ class RelayDevice(DigitalDevice):
         secret = relay_tag.secret_from_env()
         self.key = relay_tag.device_key(secret, ports.id) if secret else None
 
-    def seal(self, task, name, tensor):
+    def seal(self, task, step, tensor, transforms):
         # what the cloud must receive unchanged (the relay test compares these)
-        log.info("%s round %d: %s %d bytes sha256=%s", self.ports.id, task.round, name, len(tensor.data),
+        log.info("%s round %d: %s %d bytes sha256=%s", self.ports.id, task.round, tensor.name, len(tensor.data),
                  hashlib.sha256(tensor.data).hexdigest())
         if self.key is None:
             return []
         return [pb.Transform(stage=relay_tag.STAGE, tier="device", name=relay_tag.tag(
-            self.key, self.ports.run_id, task.round, task.attempt, self.ports.id, tensor.data))]
+            self.key, self.ports.run_id, task.round, task.attempt, self.ports.id, step, tensor, transforms))]
 
 
 class AirDevice(DigitalDevice):

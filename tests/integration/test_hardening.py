@@ -217,10 +217,11 @@ def test_finding4_a_relaying_edge_cannot_forge_replay_or_inflate_and_its_drop_is
             return Act(envelope)
         if r == 0:
             saved[0] = envelope
-            mirrored = relayed(envelope, lambda i, u: as_sender(pb.Envelope.FromString(envelope.relayed[0]), "dev-00003")
-                               if i == 1 else u)  # dev-00002's upload in place of dev-00003's
-            return Act(relayed(envelope, distortion_zero), [("altered", relayed(envelope, altered)),
-                                                            ("mirrored", mirrored)])
+            # dev-00002's upload passed off as dev-00003's and the other way round
+            mirrored = relayed(envelope, lambda i, u: as_sender(pb.Envelope.FromString(envelope.relayed[1 - i]),
+                                                                u.meta.sender_id))
+            return Act(envelope, [("altered", relayed(envelope, altered)), ("mirrored", mirrored),
+                                  ("distortion 0", relayed(envelope, distortion_zero))])
         if r == 1:
             old = copy(saved[0])
             old.meta.round = 1
@@ -232,11 +233,12 @@ def test_finding4_a_relaying_edge_cannot_forge_replay_or_inflate_and_its_drop_is
         summary = tb.wait(timeout=600)
     clean_rows = clean_relay.metrics()
     assert edg.sent_labels() == {"altered": "PERMISSION_DENIED", "mirrored": "PERMISSION_DENIED",
-                                 "replayed": "FAILED_PRECONDITION", "replayed as round 1": "PERMISSION_DENIED"}, edg.sent
+                                 "distortion 0": "PERMISSION_DENIED", "replayed": "FAILED_PRECONDITION",
+                                 "replayed as round 1": "PERMISSION_DENIED"}, edg.sent
     rows = tb.metrics()
-    assert key(rows[:2]) == key(clean_rows[:2])  # the distortion claim changed no weight
-    assert [r["refused"] for r in rows] == [2, 2, 0] and summary["refused"] == 4
-    assert summary["refused_by_reason_at_cloud"] == {"bad_relay_tag": 3, "wrong_round": 1}
+    assert key(rows[:2]) == key(clean_rows[:2])
+    assert [r["refused"] for r in rows] == [3, 2, 0] and summary["refused"] == 5
+    assert summary["refused_by_reason_at_cloud"] == {"bad_relay_tag": 4, "wrong_round": 1}
     assert [r["relay_missing"] for r in rows] == [0, 0, 1] and [r["relay_missing"] for r in clean_rows] == [0, 0, 0]
     assert rows[2]["loss"] is not None and np.isfinite(rows[2]["loss"]) and summary["aggregates_rejected"] == 0
     fused = [json.loads(x) for x in (tb.run_dir / "fusion.jsonl").read_text().splitlines()]

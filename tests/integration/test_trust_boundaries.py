@@ -128,3 +128,101 @@ def test_one_accepted_insider_cannot_freeze_the_global_model(hfl_testbed):
     left_out = log.count("refused outlier from dev-00000")  # each of its uploads, and no honest one
     assert left_out >= 3 and log.count("refused outlier from ") == left_out
     assert sum(r["refused"] for r in rows) == left_out
+
+
+def test_one_forged_relayed_upload_costs_only_itself(hfl_testbed):
+    """A relaying edge zeroes one device's reported distortion (FWO with the device's own estimate: it would take most
+    of the fusion weight). The device's tag covers that record: the cloud refuses that upload alone and fuses the
+    edge's other one in the same submit; the run goes on."""
+    import json
+
+    from .mitm import Act, Tamper
+    from .test_hardening import RELAY, relayed
+
+    def zero_first(i, upload):
+        if i == 0:
+            for t in upload.meta.transforms:
+                if t.stage == "encode":
+                    t.params["expected_distortion"] = 0.0
+        return upload
+
+    def edge(method, envelope):
+        if method == "Submit" and envelope.meta.round == 0:
+            return Act(relayed(envelope, zero_first))
+        return Act(envelope)
+
+    with Tamper(edge) as proxy:
+        tb = hfl_testbed(overrides=RELAY + ["precision.distortion_estimate=device"], via={"edge-001": proxy.address})
+        proxy.upstream = tb.cloud_address
+        summary = tb.wait(timeout=600)
+    rows = tb.metrics()
+    assert proxy.sent_labels() == {} and summary["rounds"] == 3 and not tb.deaths()
+    assert rows[0]["relay_refused"] == 1 and rows[0]["relay_missing"] == 1 and rows[0]["refused"] == 1
+    assert [r["relay_refused"] for r in rows[1:]] == [0, 0] and summary["refused_by_reason_at_cloud"] == {"bad_relay_tag": 1}
+    fused = [json.loads(x) for x in (tb.run_dir / "fusion.jsonl").read_text().splitlines()]
+    round0 = sorted(x["device"] for x in fused if x["round"] == 0 and x["edge"] == "edge-001")
+    assert round0 == ["dev-00003"]  # dev-00002's altered upload left out, its edge's other one fused
+    assert all(np.isfinite(r["loss"]) for r in rows)
+
+
+def test_resumed_state_is_checked_like_a_message(hfl_testbed):
+    """A checkpoint of NaN or 1e30 weights, or of the wrong size, refuses the resume in one line (exit 2) and changes
+    nothing; a pending result ten values short is discarded with its reason (edge-000's real result, held on the way
+    while the cloud is down, then counts); the good checkpoint resumes and the run ends."""
+    import threading
+
+    from hfl.proto import hfl_v1_pb2 as pb
+
+    from .mitm import Act, Tamper, until
+
+    held, release = {}, threading.Event()
+
+    def edge(method, envelope):
+        if method == "Submit" and envelope.meta.round == 1 and not held:
+            held["envelope"] = envelope
+            return Act(envelope, hold=until(release.is_set, 300))
+        return Act(envelope)
+
+    with Tamper(edge) as proxy:
+        tb = hfl_testbed(overrides=SMALL + ["run.rounds=3", "net.rejoin_grace_s=60"], via={"edge-000": proxy.address})
+        proxy.upstream = tb.cloud_address
+        deadline = time.monotonic() + 300
+        while "envelope" not in held:
+            assert time.monotonic() < deadline, "edge-000 never submitted round 1"
+            tb.check()
+            time.sleep(0.05)
+        tb.kill("cloud")
+        path = tb.run_dir / "checkpoint.npz"
+        good = path.read_bytes()
+        with np.load(path) as ckpt:
+            saved = {k: ckpt[k] for k in ckpt.files}
+        w = saved["weights"]
+        assert int(saved["round"]) == 0
+        for label, weights, says in [("nan", np.where(np.arange(w.size) == 3, np.nan, w).astype(np.float32),
+                                      "non-finite"),
+                                     ("1e30", np.full_like(w, 1e30), "aggregation.max_update_ratio"),
+                                     ("short", w[:-10], "shape")]:
+            np.savez(path, **{**saved, "weights": weights})
+            before = path.read_bytes()
+            log_before = (tb.logs / "cloud.log").read_text()
+            node = tb.restart("cloud", resume=True)
+            deadline = time.monotonic() + 120
+            while node.returncode() is None:
+                assert time.monotonic() < deadline, label
+                time.sleep(0.05)
+            log = (tb.logs / "cloud.log").read_text()[len(log_before):]
+            assert node.returncode() == 2 and says in log and "--resume:" in log and "Traceback" not in log, (label, log)
+            assert path.read_bytes() == before, label
+            node.expected_exit = True
+        path.write_bytes(good)
+        folder = tb.run_dir / "pending" / "round-000001"
+        folder.mkdir(parents=True, exist_ok=True)
+        np.savez(folder / "edge-000.npz", delta=np.zeros(w.size - 10, np.float32), devices=3, samples=1, scalars="{}",
+                 run_id=str(saved["run_id"]), fused="[]",
+                 transforms=np.frombuffer(pb.Meta().SerializeToString(), np.uint8))
+        tb.restart("cloud", resume=True)
+        release.set()
+        summary = tb.wait(timeout=600)
+    log = (tb.logs / "cloud.log").read_text()
+    assert summary["rounds"] == 3 and "--resume: discarding" in log and "edge-000.npz" in log and "shape" in log
+    assert all(np.isfinite(r["loss"]) and r["edges"] == 2 for r in tb.metrics())

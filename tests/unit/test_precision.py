@@ -160,9 +160,18 @@ def test_bad_relays_are_refused(tmp_path):
     undrawn = next(n for n in topology.edge_members(c, 0) if n not in drawn)
     other = _uploads(c, dim, [undrawn], 0, {undrawn: drawn[mine[0]]})[undrawn]
     wrong_bits = _uploads(c, dim, [mine[0]], 0, {mine[0]: {**drawn[mine[0]], "bits": 3.0}})[mine[0]]
+    # a bad upload beside a good one is refused alone (the good one is fused) and counted with its reason
+    from hfl.common.service_base import Refusals
+
+    center.refusals = Refusals()
+    for reason, env in {"bad_relay": _relay(edge, [uploads[mine[0]], other]),      # a device not drawn this round
+                        "replay": _relay(edge, [uploads[mine[0]], uploads[mine[0]]])}.items():  # the same device twice
+        _, _, rows = center.fuse(edge, env, 0, 3)
+        assert [row["device"] for row in rows] == [mine[0]], reason
+    assert dict(center.refusals.total) == {"bad_relay": 1, "replay": 1}
+    assert center.round_stats(0)["relay_refused"] == 2
     cases = {
-        "bad_relay": _relay(edge, [uploads[mine[0]], other]),                      # a device not drawn this round
-        "replay": _relay(edge, [uploads[mine[0]], uploads[mine[0]]]),               # the same device twice
+        "bad_relay": _relay(edge, [other]),
         "bad_header": _relay(edge, [wrong_bits]),                                   # not the bits of its plan
     }
     bad = _relay(edge, [])
@@ -238,7 +247,7 @@ def test_relayed_uploads_carry_a_device_tag_the_edge_cannot_forge(tmp_path, monk
         out.CopyFrom(upload)
         out.meta.round = round_
         out.meta.transforms.append(pb.Transform(stage=relay_tag.STAGE, tier="device", name=relay_tag.tag(
-            key(who or node), "run-x", round_, attempt, node, upload.tensors[0].data)))
+            key(who or node), "run-x", round_, attempt, node, out.meta.step, out.tensors[0], out.meta.transforms)))
         return out
 
     honest = {n: tagged(n, uploads[n]) for n in mine}
@@ -249,10 +258,18 @@ def test_relayed_uploads_carry_a_device_tag_the_edge_cannot_forge(tmp_path, monk
     forged.tensors[0].data = uploads[mine[1]].tensors[0].data  # another device's payload, the first one's tag
     cases = {"untagged": uploads[mine[0]], "forged": forged,
              "other key": tagged(mine[0], uploads[mine[0]], who=mine[1])}
+    recorded = pb.Envelope()
+    recorded.CopyFrom(honest[mine[0]])
+    recorded.meta.transforms[0].params["expected_distortion"] = 0.0  # a record the fusion may read, altered
+    cases["altered record"] = recorded
     for name, upload in cases.items():
         with pytest.raises(wire.WireError) as err:
             center.fuse("edge-000", _relay("edge-000", [upload]), 0, 3)
         assert err.value.reason == "bad_relay_tag", name
+    # one forged upload among honest ones is refused alone: the others are fused, the refusal counted
+    delta, _, rows = center.fuse("edge-000", _relay("edge-000", [forged] + [honest[n] for n in mine[1:]]), 0, 3)
+    assert [row["device"] for row in rows] == mine[1:] and np.isfinite(delta).all()
+    assert center.round_stats(0)["relay_refused"] == 1
     # round 0's upload relayed as round 1: the tag binds the round
     replayed = tagged(mine[0], uploads[mine[0]])
     replayed.meta.round = 1

@@ -7,6 +7,7 @@ import time
 
 import grpc
 import numpy as np
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from hfl.common import session, wire
 from hfl.proto import hfl_v1_pb2 as pb
@@ -24,6 +25,27 @@ def status_of(fn) -> grpc.StatusCode:
 def stream(envelope_or_bytes) -> list[pb.Chunk]:
     payload = envelope_or_bytes if isinstance(envelope_or_bytes, bytes) else envelope_or_bytes.SerializeToString()
     return list(wire.to_chunks(payload, 1 << 20))
+
+
+def wait_serving(channel: grpc.Channel, timeout: float = 120.0, what: str = "the server") -> None:
+    """Until the server behind `channel` reports SERVING on its health service: its own readiness signal (an edge
+    reports it once it has joined its cloud; before, it answers every request UNAVAILABLE). A port file says only
+    that the socket listens. UNAVAILABLE (not listening yet) and NOT_SERVING are "not yet"; any other error is not."""
+    stub = health_pb2_grpc.HealthStub(channel)
+    deadline = time.monotonic() + timeout
+    last = "no answer"
+    while True:
+        try:
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=max(1.0, deadline - time.monotonic()))
+            if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                return
+            last = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+        except grpc.RpcError as exc:
+            if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise
+            last = f"{exc.code().name}: {exc.details()}"
+        assert time.monotonic() < deadline, f"{what} not SERVING within {timeout:.0f}s ({last})"
+        time.sleep(0.1)
 
 
 class RawDevice:
@@ -84,6 +106,23 @@ class RawDevice:
 
     def exchange(self, payload, metadata=None) -> pb.Envelope:
         return wire.read_envelope_sync(self.stub.Exchange(iter(stream(payload)), metadata=metadata or self.metadata))[0]
+
+    def wait_held(self, upload: pb.Envelope, timeout: float = 60.0) -> int:
+        """Until the edge holds `upload` (this device's, sent in the background): then an upload of the same round,
+        attempt and phase with a vector of the wrong shape is refused as a replay (ALREADY_EXISTS), and before, for its
+        shape (INVALID_ARGUMENT), which changes nothing. The edge's own answer, not a guess at how long it takes under
+        load. Returns how many probes were sent: the edge refused (and counted) every one."""
+        meta = upload.meta
+        probe = self.envelope(meta.round, meta.step, meta.phase, vec=np.zeros(self.dim - 1, np.float32),
+                              attempt=meta.attempt)
+        deadline = time.monotonic() + timeout
+        sent = 1
+        while (code := status_of(lambda: self.exchange(probe))) != grpc.StatusCode.ALREADY_EXISTS:
+            assert code == grpc.StatusCode.INVALID_ARGUMENT, f"a probe of {self.id}'s upload got {code}"
+            assert time.monotonic() < deadline, f"the edge did not take {self.id}'s upload within {timeout:.0f}s"
+            time.sleep(0.1)
+            sent += 1
+        return sent
 
     def exchange_in_background(self, payload) -> threading.Thread:
         result = {}

@@ -4,8 +4,6 @@ The test plays two devices of edge-001 by hand (their hosts are not started) so 
 the edge's barrier can complete; a clean run with the same seed is the reference: the metrics of
 both runs must be identical, so the refused messages provably left every aggregate untouched.
 """
-import time
-
 import numpy as np
 from grpc import StatusCode as S
 
@@ -18,24 +16,26 @@ OVERRIDES = SMALL + ["topology.hosts_per_edge=3", "train.tau=1", "run.rounds=2",
 PLAYED = ["devices-001-1", "devices-001-2"]  # dev-00004 and dev-00005
 
 
-def play(tb, attack: bool) -> dict:
+def play(tb, attack: bool) -> tuple[dict, int]:
+    """The two played devices' rounds; with `attack`, the statuses of the bad messages and how many probes of b's
+    upload the edge refused (RawDevice.wait_held)."""
     a, b = RawDevice(tb.edge_addresses[1], "dev-00004"), RawDevice(tb.edge_addresses[1], "dev-00005")
     a.register()
     b.register()
-    statuses = {}
+    statuses, probes = {}, 0
     after = -1
     while True:
         task_a, task_b = a.fetch(after), b.fetch(after)
         task = task_a.task
         if task.finished:
             assert task_b.task.finished
-            return statuses
+            return statuses, probes
         for step, phase in enumerate(task.phases):
             if phase.kind != "edge_model_sync":
                 continue
             good_b = b.envelope(task.round, step, phase.kind)
             if attack and task.round == 0:
-                statuses, pending = attack_edge_and_cloud(tb, b, task.round, step, phase.kind, good_b)
+                statuses, pending, probes = attack_edge_and_cloud(tb, b, task.round, step, phase.kind, good_b)
             else:
                 pending = b.exchange_in_background(good_b)
             a.exchange(a.envelope(task.round, step, phase.kind))
@@ -72,7 +72,7 @@ def attack_edge_and_cloud(tb, dev, round_, step, kind, good):
     bad["oversized"] = status_of(lambda: dev.exchange(b"\x00" * (2 << 20)))
     bad["malformed"] = status_of(lambda: dev.exchange(b"\xff\xff\xff\xff\x0f"))
     pending = dev.exchange_in_background(good)
-    time.sleep(1.5)  # let the edge accept the genuine upload before its replay arrives
+    probes = dev.wait_held(good)  # the edge holds the genuine upload: what comes next is its replay
     bad["replay"] = status_of(lambda: dev.exchange(good))
     # the cloud, while edge-001 cannot have submitted yet
     edge = RawEdge(tb.cloud_address)
@@ -88,16 +88,16 @@ def attack_edge_and_cloud(tb, dev, round_, step, kind, good):
     bad["cloud: nan, impersonating edge-001"] = status_of(lambda: edge.submit(sub("edge-001", tensor=nan_delta)))
     bad["cloud: edge-001's run id and round, no token"] = status_of(lambda: edge.submit(sub("edge-001")))
     bad["cloud: second register of a live edge"] = status_of(lambda: edge.register("edge-001", rejoin=True))
-    return bad, pending
+    return bad, pending, probes
 
 
 def test_bad_messages_refused_without_effect(hfl_testbed):
     clean = hfl_testbed(overrides=OVERRIDES, skip_hosts=PLAYED)
-    assert play(clean, attack=False) == {}
+    assert play(clean, attack=False) == ({}, 0)
     clean_summary = clean.wait(timeout=300)
 
     attacked = hfl_testbed(overrides=OVERRIDES, skip_hosts=PLAYED)
-    statuses = play(attacked, attack=True)
+    statuses, probes = play(attacked, attack=True)
     summary = attacked.wait(timeout=300)
 
     assert statuses == {
@@ -112,9 +112,9 @@ def test_bad_messages_refused_without_effect(hfl_testbed):
         "impersonate dev-00004 (no token)": S.PERMISSION_DENIED, "impersonate dev-00004 (b's token)": S.PERMISSION_DENIED,
         "second register of a live device": S.ALREADY_EXISTS, "weight hijack (num_samples 10**12)": S.ALREADY_EXISTS,
     }
-    # every refusal counted in the metrics, and not one changed an aggregate
-    assert clean_summary["refused"] == 0 and summary["refused"] == len(statuses)
-    assert attacked.metrics()[0]["refused"] == len(statuses)
+    # every refusal counted in the metrics (the probes of the genuine upload too), and not one changed an aggregate
+    assert clean_summary["refused"] == 0 and summary["refused"] == len(statuses) + probes
+    assert attacked.metrics()[0]["refused"] == len(statuses) + probes
     key = lambda rows: [(r["accuracy"], r["loss"], r["train_loss"]) for r in rows]
     assert key(attacked.metrics()) == key(clean.metrics())
     assert summary["rounds"] == clean_summary["rounds"] == 2

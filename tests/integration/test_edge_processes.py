@@ -14,6 +14,7 @@ from hfl.proto import hfl_v1_pb2 as pb
 from hfl.proto import hfl_v1_pb2_grpc as pbg
 
 from .conftest import SMALL
+from .rawclient import wait_serving
 from .test_layouts import LAYOUT, key
 
 
@@ -53,6 +54,9 @@ def test_edges_sharing_a_process_under_mutual_tls(hfl_testbed, tmp_path):
     statuses = {}
     with grpc.secure_channel(bed.edge_address["edge-001"], creds,
                              options=[("grpc.ssl_target_name_override", "edge.hfl")]) as chan:
+        # its port file says only that it listens: until it has joined its cloud it answers UNAVAILABLE ("not yet")
+        # whatever it is sent, before it can judge a certificate; SERVING says it has
+        wait_serving(chan, what="edge-001")
         stub = pbg.EdgeServiceStub(chan)
         for claimed in ("dev-00000", "dev-00003"):  # its own id at another edge; another edge's device
             try:

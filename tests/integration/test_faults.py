@@ -21,6 +21,7 @@ from hfl.proto import hfl_v1_pb2_grpc as pbg
 
 from .conftest import SMALL
 from .mitm import Act, Tamper, Unary, until
+from .rawclient import wait_serving
 
 SMALL = SMALL + ["topology.host_layout=per_edge"]  # these tests kill and read device hosts by per-edge name
 
@@ -179,7 +180,8 @@ def test_a_cloud_resumed_after_its_last_round_tells_the_returning_edges_that_the
     tb.wait(timeout=300)
     (tb.run_dir / "summary.json").unlink()
     tb.restart("cloud", resume=True)
-    time.sleep(1.0)  # the resumed cloud has finished its (empty) loop before anyone is back
+    with grpc.insecure_channel(tb.cloud_address) as chan:  # SERVING: its (empty) loop has begun before anyone is back
+        wait_serving(chan, what="the resumed cloud")
     for name in [n for n in tb.nodes if n != "cloud"]:
         tb.restart(name)
     started = time.monotonic()

@@ -10,6 +10,7 @@ ideal global model (the exact mean of the transmitted models, eq. 11), the refer
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import pathlib
 import time
@@ -90,6 +91,7 @@ class Medium:
 
         check_air_messages(cfg, dim)  # a deployment that skipped the preflight fails here, before any round
         self.cfg = cfg
+        self.run_dir = run_dir
         # channel.weighting = samples: each transmitter's D_y weights its payload (paper 003, digest 2.1)
         self.device_samples = list(device_samples) if cfg.channel.weighting == "samples" else None
         self.refusals = refusals  # service_base.Refusals: a transmitter left out is a refusal with its reason
@@ -305,6 +307,55 @@ class Medium:
             if zero.size:
                 models["reference"] = est[int(zero[0])]
         self.models[round_] = models
+        self._persist(round_)
+
+    # ---- a restart of the cloud ---------------------------------------------------------------
+    def _pending(self, round_: int) -> pathlib.Path:
+        return self.run_dir / "pending" / f"round-{round_:06d}" / "medium.npz"
+
+    def _persist(self, round_: int) -> None:
+        """The round's models and figures, durable before its last slot's replies go out: a cloud that dies before
+        its checkpoint resumes the round with them (the edges' submits of it then count), as the digital path does
+        with its pending results."""
+        from .store import write_atomic
+
+        path = self._pending(round_)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        models = self.models[round_]
+        arrays = {f"model_{k}": v for k, v in models.items() if isinstance(v, np.ndarray)}
+        figures = {"spread": models.get("spread"), "stats": self.stats.get(round_, []),
+                   "distinct": self.distinct.get(round_), "dropped": sorted(self.edges_dropped.get(round_, ()))}
+        write_atomic(path, figures=json.dumps(metrics.clean(figures)), **arrays)
+
+    def state(self) -> dict:
+        return {"psi_mean": self.psi_mean, "psi_count": self.psi_count}
+
+    def restore(self, state: dict, round_: int) -> None:
+        self.psi_mean = float(state.get("psi_mean", 0.0))
+        self.psi_count = int(state.get("psi_count", 0))
+        path = self._pending(round_)
+        if not path.exists():
+            return
+        try:
+            with np.load(path) as saved:
+                models = {k[len("model_"):]: np.asarray(saved[k], np.float32) for k in saved.files if k.startswith("model_")}
+                figures = json.loads(str(saved["figures"]))
+            if any(v.shape != (self.dim,) or not np.isfinite(v).all() for v in models.values()) or "ideal" not in models:
+                raise ValueError("models of the wrong size, non-finite, or no ideal model")
+        except Exception as exc:  # noqa: BLE001 - a bad file costs the round's models: its slots run again
+            log.error("--resume: discarding %s (%s): round %d's air slots count only if they run again", path, exc,
+                      round_)
+            path.unlink(missing_ok=True)
+            return
+        if figures.get("spread") is not None:
+            models["spread"] = float(figures["spread"])
+        self.models[round_] = models
+        self.stats[round_] = list(figures.get("stats") or [])
+        if figures.get("distinct") is not None:
+            self.distinct[round_] = int(figures["distinct"])
+        if figures.get("dropped"):
+            self.edges_dropped[round_] = set(figures["dropped"])
+        log.info("resumed round %d with the models the medium saw before the restart", round_)
 
     # ---- per-round figures --------------------------------------------------------------------
     def round_columns(self, round_: int, models: dict) -> dict:

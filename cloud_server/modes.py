@@ -68,6 +68,13 @@ class DigitalCloud:
         self.weights_rule = plans.weights_rule(self.cfg, "cloud")
 
     # ---- one edge's result --------------------------------------------------------------------
+    def state(self) -> dict:
+        """What the mode keeps across rounds that a resumed cloud needs (JSON), saved with each checkpoint."""
+        return {}
+
+    def restore(self, state: dict, round_: int) -> None:
+        """A resumed cloud: the mode's state as of the checkpoint, and the round that resumes."""
+
     @property
     def result_size(self) -> int:
         """Values in an accepted edge result's delta (what a resumed cloud checks its pending results against)."""
@@ -171,6 +178,12 @@ class AirCloud(DigitalCloud):
         self.round_models: dict = {}
 
     result_size = 0  # the medium holds the round's models
+
+    def state(self) -> dict:
+        return self.medium.state()
+
+    def restore(self, state: dict, round_: int) -> None:
+        self.medium.restore(state, round_)
 
     def accept(self, edge: str, envelope: pb.Envelope, round_: int, records) -> Accepted:
         if envelope.tensors:

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from hfl.common import config as config_mod
-from hfl.common import metrics, modes, plans, robust, rpc, session, topology, validate, wire
+from hfl.common import metrics, modes, plans, relay_tag, robust, rpc, session, topology, validate, wire
 from hfl.common.observe import live, members as member_states
 from hfl.common.channel.round_clock import BACKHAUL_BYTES, CloudClock
 from hfl.common.privacy import on_wire
@@ -122,8 +122,9 @@ class CloudServer(Gate, pbg.CloudServiceServicer):
             self._resume()
             self.round = self.first_round  # edges may submit this round as soon as they reconnect
             self.results = self.store.load_pending(self.round, self.run_id, self.mode.result_size)
-        self.spec_json = json.dumps({"config": config_mod.to_dict(self.cfg), "model_dim": self.dim,
-                                     "samples": self.device_samples})
+            self.mode.restore(self._resumed_state, self.round)
+        spec = {"config": config_mod.to_dict(self.cfg), "model_dim": self.dim, "samples": self.device_samples}
+        self.spec_json = relay_tag.sign_spec(relay_tag.secret_from_env(), self.run_id, spec)
         log.info("model %s: %d parameters; %d test samples; run %s", self.cfg.model.name, self.dim, len(self.test), self.run_id)
 
     # ---- edge-facing RPCs -------------------------------------------------------------------
@@ -272,6 +273,7 @@ class CloudServer(Gate, pbg.CloudServiceServicer):
         """Continue from the checkpoint: its model and run id, the metrics rows up to it, the logs cut to it."""
         saved = self.store.load_checkpoint(self.w, self.cfg.aggregation.max_update_ratio)
         self.run_id, self.w, self.claims = saved.run_id, saved.w, saved.claims
+        self._resumed_state = saved.mode_state
         rows = self.store.metrics_up_to(saved.last)
         if (not rows or rows[-1]["round"] < saved.last) and saved.stats is not None:
             saved.stats.update(self._evaluate(saved.last))
@@ -343,7 +345,7 @@ class CloudServer(Gate, pbg.CloudServiceServicer):
             # before the next checkpoint, so a checkpoint of round k always has the rows before k on disk.
             if pending is not None:
                 await self._write_row(*pending, rows, metrics_path)
-            self.store.checkpoint(r, self.w, self.cfg.model.name, self.run_id, stats)
+            self.store.checkpoint(r, self.w, self.cfg.model.name, self.run_id, stats, self.mode.state())
             pending = (stats, loop.run_in_executor(executor, self._evaluate, r, self.w.copy(), self.mode.evaluated(r)))
             await asyncio.sleep(self.clock.lag(time.monotonic() - started))  # clock.pace
             if not self.results and not any(self.live.sessions.has(e) for e in self.edges):

@@ -38,10 +38,11 @@ class Resumed:
     w: np.ndarray
     last: int                  # the checkpoint's round
     stats: dict | None         # its counters (for a metrics row lost after the checkpoint)
+    mode_state: dict           # what the round mode keeps across rounds (DigitalCloud.state), as of the checkpoint
     claims: dict               # the edges' trust claims (privacy.json)
 
 
-def _write_atomic(path: pathlib.Path, **arrays) -> None:
+def write_atomic(path: pathlib.Path, **arrays) -> None:
     tmp = path.with_name(path.stem + ".tmp.npz")
     with open(tmp, "wb") as fh:
         np.savez(fh, **arrays)
@@ -61,7 +62,7 @@ class RunStore:
         """Write an accepted edge result durably before the edge is told it was accepted."""
         folder = self.pending(round_)
         folder.mkdir(parents=True, exist_ok=True)
-        _write_atomic(folder / f"{node}.npz", delta=result.delta, devices=result.devices, samples=result.samples,
+        write_atomic(folder / f"{node}.npz", delta=result.delta, devices=result.devices, samples=result.samples,
                       scalars=json.dumps(result.scalars), run_id=run_id, fused=json.dumps(result.fused),
                       transforms=np.frombuffer(pb.Meta(transforms=result.transforms).SerializeToString(), np.uint8))
 
@@ -96,11 +97,11 @@ class RunStore:
             log.info("resumed round %d with the results already accepted from %s", round_, sorted(results))
         return results
 
-    def checkpoint(self, r: int, w: np.ndarray, model: str, run_id: str, stats: dict) -> None:
-        """The global model after round r (and the round's counters), replaced atomically and fsynced; the round's
-        pending results are then no longer needed."""
-        _write_atomic(self.run_dir / "checkpoint.npz", round=r, weights=w, model=model, run_id=run_id,
-                      row=json.dumps(metrics.clean(stats)))
+    def checkpoint(self, r: int, w: np.ndarray, model: str, run_id: str, stats: dict, mode_state: dict) -> None:
+        """The global model after round r (and the round's counters and the mode's state), replaced atomically and
+        fsynced; the round's pending results are then no longer needed."""
+        write_atomic(self.run_dir / "checkpoint.npz", round=r, weights=w, model=model, run_id=run_id,
+                     row=json.dumps(metrics.clean(stats)), mode_state=json.dumps(mode_state))
         shutil.rmtree(self.pending(r), ignore_errors=True)
 
     def load_checkpoint(self, initial: np.ndarray, max_ratio: float) -> Resumed:
@@ -114,6 +115,7 @@ class RunStore:
                 run_id, last = str(ckpt["run_id"]), int(ckpt["round"])
                 w = np.asarray(ckpt["weights"], dtype=np.float32)
                 stats = json.loads(str(ckpt["row"])) if "row" in ckpt.files else None
+                mode_state = json.loads(str(ckpt["mode_state"])) if "mode_state" in ckpt.files else {}
         except (OSError, ValueError, KeyError) as exc:
             raise ConfigError(f"--resume: {path} is unreadable ({exc.__class__.__name__}: {exc})") from None
         if w.shape != initial.shape:
@@ -124,7 +126,7 @@ class RunStore:
         claims = {}
         if (self.run_dir / "privacy.json").exists():
             claims = json.loads((self.run_dir / "privacy.json").read_text())["trust"]
-        return Resumed(run_id, w, last, stats, claims)
+        return Resumed(run_id, w, last, stats, mode_state, claims)
 
     def cut_logs(self, last: int, rows: list[dict], noise_source: str) -> None:
         """Rewrite the run's logs as they were at the checkpoint of round `last` (rows: the metrics to keep)."""

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import os
 
 import grpc
 
+from .config_error import ConfigError
 from .wire import WireError
 
 ENV = "HFL_RELAY_SECRET"
@@ -55,3 +57,33 @@ def check(secret: bytes, run_id: str, upload) -> None:
         raise WireError(grpc.StatusCode.PERMISSION_DENIED,
                         f"{device}'s relayed upload carries {'no' if not tags else 'a wrong'} device tag for round "
                         f"{meta.round} attempt {meta.attempt}: forged, replayed or altered on the way", "bad_relay_tag")
+
+
+SPEC_KEY = "cloud_tag"  # the spec's entry that holds the cloud's tag of the rest
+
+
+def _spec_message(run_id: str, spec: dict) -> bytes:
+    return f"hfl-spec|{run_id}|{json.dumps(spec, sort_keys=True, separators=(',', ':'))}".encode()
+
+
+def sign_spec(secret: bytes | None, run_id: str, spec: dict) -> str:
+    """The run's spec as the cloud hands it to its edges, with the cloud's tag (keyed from the relay secret, which
+    edges never get) when it has the secret: a device host then knows the spec its edge passed on is the cloud's."""
+    if secret is None:
+        return json.dumps(spec)
+    key = hmac.new(secret, b"hfl-spec-key", hashlib.sha256).digest()
+    return json.dumps({**spec, SPEC_KEY: hmac.new(key, _spec_message(run_id, spec), hashlib.sha256).hexdigest()})
+
+
+def check_spec(secret: bytes | None, run_id: str, spec_json: str, edge: str) -> dict:
+    """The spec an edge passed on, checked against the cloud's tag when this host holds the secret (ConfigError if it
+    is missing or does not match: the edge altered the run's spec); the spec without the tag."""
+    spec = json.loads(spec_json)
+    given = spec.pop(SPEC_KEY, None)
+    if secret is not None:
+        key = hmac.new(secret, b"hfl-spec-key", hashlib.sha256).digest()
+        want = hmac.new(key, _spec_message(run_id, spec), hashlib.sha256).hexdigest()
+        if not isinstance(given, str) or not hmac.compare_digest(given, want):
+            raise ConfigError(f"the run spec from {edge} carries {'no' if given is None else 'a wrong'} cloud tag: it "
+                             f"is not the spec the cloud issued for run {run_id} (altered on the way)")
+    return spec

@@ -13,6 +13,7 @@ import os
 import pathlib
 import random
 import secrets
+import time
 
 import grpc
 
@@ -189,14 +190,23 @@ class Backoff:
     def __init__(self, node: str, base: float = 0.2, cap: float = 5.0):
         self.base, self.cap, self.tries = base, cap, 0
         self._rng = random.Random(node)  # jitter only spreads retries in time; it never touches results
+        self._since: float | None = None  # when the retries since the last success began
 
-    async def sleep(self) -> None:
+    async def sleep(self, give_up_after: float | None = None, what: str = "upstream") -> None:
+        """Wait before the next retry; TimeoutError once the retries since the last success have gone on for
+        `give_up_after` seconds (an upstream that ended, or died for good: the node stops instead of retrying
+        forever)."""
+        now = time.monotonic()
+        self._since = self._since if self._since is not None else now
+        if give_up_after is not None and now - self._since > give_up_after:
+            raise TimeoutError(f"{what} unreachable for {now - self._since:.0f}s: it ended or died; stopping")
         delay = self._rng.uniform(0, min(self.cap, self.base * 2 ** self.tries))
         self.tries += 1
         await asyncio.sleep(delay)
 
     def reset(self) -> None:
         self.tries = 0
+        self._since = None
 
 
 RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,

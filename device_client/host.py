@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -14,7 +13,7 @@ import numpy as np
 import torch
 
 from hfl.common import config as config_mod
-from hfl.common import host_credentials, modes, plans, rpc, session, topology, wire
+from hfl.common import host_credentials, modes, plans, relay_tag, rpc, session, topology, wire
 from hfl.common.data import load_dataset
 from hfl.common.models import build, num_parameters
 from hfl.common.partition import partition
@@ -102,6 +101,7 @@ class Device:
         self.diverged = 0  # rounds whose local training ended non-finite (sat out, nothing sent)
         self.reconnects = 0
         self.rejoin = False  # the first registration is a plain one unless the run is already under way
+        self.give_up_after: float | None = None  # seconds of failed reconnections before the device stops
         self.mode = modes.build(cfg, "device", DevicePorts(cfg, node_id, run_id, self.index, dim, shard, trainer.run,
                                                            self._exchange, self._gen))
 
@@ -166,7 +166,12 @@ class Device:
                         exc.code() == grpc.StatusCode.ALREADY_EXISTS and self.link.token is None):
                     log.warning("%s: edge unreachable or restarted (%s); reconnecting", self.id, exc.code().name)
                     self.link.lost()
-                    await self.link.backoff.sleep()
+                    try:
+                        await self.link.backoff.sleep(self.give_up_after, f"edge {self.edge_id}")
+                    except TimeoutError as gone:  # this device stops; the host's others go on
+                        log.error("%s: %s", self.id, gone)
+                        await self.link.close()
+                        return "edge gone"
                     continue
                 if exc.code() == grpc.StatusCode.ABORTED:
                     log.info("%s: %s", self.id, exc.details())
@@ -204,7 +209,7 @@ class Device:
             return
         w, _ = self.downlink.receive(wire.single_tensor(fetched.pop(), "model"), dim, self.cfg.run.seed, self.index,
                                      task.round, -1)
-        w = self.mode.start_round(self.trainer.shared(w))
+        w = self.mode.start_round(task, self.trainer.shared(w))
         anchor = w  # not a copy: nothing here writes into a model array; every update makes a new one
         losses: list[float] = []
         batch = self.cfg.train.batch_size
@@ -323,6 +328,23 @@ class DeviceHost:
             raise ValueError(f"{dial.address} serves {reply.cluster_id}, not {dial.edge}")
         return reply
 
+    @staticmethod
+    def _checked_config(replies: list[pb.RegisterReply]) -> config_mod.Config:
+        """The run's config from the edges' discovery replies, trusted only as far as it can be checked: the cloud's
+        tag on the spec (with the relay secret), one run and one spec for every edge, each edge's members as the
+        topology gives them, and no plugin this host did not load itself."""
+        secret = relay_tag.secret_from_env()
+        specs = [relay_tag.check_spec(secret, r.run_id, r.spec_json, r.cluster_id) for r in replies]
+        if any(r.run_id != replies[0].run_id or s != specs[0] for r, s in zip(replies, specs)):
+            raise config_mod.ConfigError("the edges describe different runs: " + ", ".join(f"{r.cluster_id} {r.run_id}" for r in replies))
+        cfg = config_mod.from_dict(specs[0]["config"], remote=True)
+        for r in replies:
+            expected = topology.edge_members(cfg, topology.edge_index(r.cluster_id))
+            if list(r.members) != expected:
+                raise config_mod.ConfigError(f"{r.cluster_id} lists members {r.members[:3]}..., not its devices in the run's "
+                                 f"topology ({expected[0]}..{expected[-1]})")
+        return cfg
+
     async def run(self) -> int:
         started = time.monotonic()
         _raise_fd_limit()
@@ -331,7 +353,7 @@ class DeviceHost:
             log.warning("no devices for host %d of %d", self.host_index, self.hosts)
             return 0
         replies = await asyncio.gather(*(self._discover(d) for d in dials))
-        cfg = config_mod.from_dict(json.loads(replies[0].spec_json)["config"], remote=True)
+        cfg = self._checked_config(replies)
         torch.set_num_threads(cfg.train.torch_threads)
         ids = self.identity.devices(list(zip(dials, replies)), self.host_index, self.hosts)
         clusters = ", ".join(r.cluster_id for r in replies)
@@ -361,6 +383,7 @@ class DeviceHost:
                                 self.identity.override_host)
                 device = Device(node, cfg, reply.run_id, shards.pop(node), trainer, link, dim, reply.cluster_id)
                 device.rejoin = reply.round >= 0  # the run is under way: this host restarted
+                device.give_up_after = self.wait_s  # an edge unreachable for this long ended, or died for good
                 devices.append(device)
             log.info("%d devices ready in %.1fs", len(devices), time.monotonic() - started)
             outcomes = await asyncio.gather(*(d.run() for d in devices))

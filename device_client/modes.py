@@ -39,7 +39,7 @@ class DigitalDevice:
     def __init__(self, ports: DevicePorts):
         self.ports = ports
 
-    def start_round(self, w: np.ndarray) -> np.ndarray:
+    def start_round(self, task: pb.RoundTask, w: np.ndarray) -> np.ndarray:
         """The model the round starts from, given the one the edge sent."""
         return w
 
@@ -87,11 +87,18 @@ class AirDevice(DigitalDevice):
 
         self.plane = plane_for(ports.cfg)
         self.own_w: np.ndarray | None = None  # this device's own estimate of the global model
+        self.begun: tuple[int, np.ndarray] | None = None  # the last round started, and the model it started from
 
-    def start_round(self, w):
+    def start_round(self, task, w):
         # paper 003: a device starts each round from its own estimate of the last downlink; a round this device
-        # does not finish (refused, aborted) leaves no estimate: the next starts from the cloud's
+        # does not finish (refused, aborted) leaves no estimate: the next starts from the cloud's. The same round
+        # run again (a new attempt, or a resumed cloud re-running it from its checkpoint) starts where it first did,
+        # so that a resume gives the uninterrupted run's models
+        if self.begun is not None and self.begun[0] == task.round:
+            self.own_w = None
+            return self.begun[1]
         start, self.own_w = (self.own_w if self.own_w is not None else w), None
+        self.begun = (task.round, start)
         return start
 
     def takes_part(self, task, step):

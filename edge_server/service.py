@@ -298,7 +298,7 @@ class EdgeServer(Gate, pbg.EdgeServiceServicer):
                     raise
                 log.warning("%s: cloud unreachable or restarted during %s (%s); retrying", self.id, what, exc.code().name)
                 self.cloud.lost()
-                await self.cloud.backoff.sleep()
+                await self.cloud.backoff.sleep(self.wait_s, f"cloud {self.cloud_address}")
 
     async def _air_call(self, chunks: list, what: str) -> list[pb.Envelope]:
         async def call():

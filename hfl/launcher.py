@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import signal
+import sys
 import time
 
 from rich import box
@@ -91,6 +92,10 @@ def _interrupt(*_) -> None:
     raise KeyboardInterrupt  # SIGTERM stops the whole testbed like Ctrl-C
 
 
+def _still_stopping(*_) -> None:
+    print("still stopping the processes ...", file=sys.stderr, flush=True)
+
+
 def resume_command(run_dir) -> str:
     import shlex
 
@@ -161,6 +166,8 @@ def run_with_progress(config, overrides, out=None, quiet: bool = False, certs: s
         console.print(str(exc), markup=False, highlight=False, soft_wrap=True)
         return 0
     except KeyboardInterrupt:
+        for sig in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C while the processes stop: a line, not a traceback
+            signal.signal(sig, _still_stopping)
         bed.close()
         if (bed.run_dir / "checkpoint.npz").exists():
             console.print(f"[yellow]interrupted: stopping every process[/yellow]; continue this run with:\n  "

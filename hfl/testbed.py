@@ -433,6 +433,7 @@ class Testbed:
         alive = [n for n in (self.running() if nodes is None else nodes) if n.returncode() is None]
         for node in alive:
             _signal_group(node, signal.SIGTERM)
+            _signal_group(node, signal.SIGCONT)  # a stopped (SIGSTOP) node handles its SIGTERM only once continued
         deadline = time.monotonic() + grace
         for node in alive:
             try:

@@ -137,13 +137,13 @@ class WebServer:
                     f"Content-Length: {len(body)}\r\nConnection: close\r\n{SECURITY_HEADERS}{extra}\r\n")
             writer.write(head.encode("ascii") + body)
             await writer.drain()
-        except (ConnectionError, ssl.SSLError, asyncio.IncompleteReadError):
+        except (OSError, ssl.SSLError, asyncio.IncompleteReadError):  # the client went away: nothing to answer
             pass
         finally:
             writer.close()
             try:
                 await writer.wait_closed()
-            except (ConnectionError, ssl.SSLError):
+            except (OSError, ssl.SSLError, asyncio.IncompleteReadError):
                 pass
 
     async def _handle(self, reader: asyncio.StreamReader) -> tuple[int, str, bytes, str]:
@@ -173,7 +173,7 @@ class WebServer:
     @staticmethod
     async def _read_headers(reader: asyncio.StreamReader) -> str:
         """Read and check the headers; returns the Host header ("" when none)."""
-        total, host = 0, ""
+        total, host, seen_host = 0, "", False
         for _ in range(MAX_HEADERS + 1):
             try:
                 line = await reader.readline()
@@ -186,6 +186,9 @@ class WebServer:
                 return host
             name = line.split(b":", 1)[0].strip().lower()
             if name == b"host":
+                if seen_host:  # two Host headers: which one a proxy checked is unknowable
+                    raise BadRequest(400, "more than one Host header")
+                seen_host = True
                 host = line.split(b":", 1)[1].strip().decode("latin-1")
             if name in (b"content-length", b"transfer-encoding") and line.split(b":", 1)[-1].strip() not in (b"0", b""):
                 raise BadRequest(413, "a GET request carries no body")

@@ -245,7 +245,7 @@ class CloudView:
         return {
             "run": {"run_id": c.run_id, "algorithm": cfg.run.algorithm, "dataset": cfg.data.dataset,
                     "model": cfg.model.name, "rounds": cfg.run.rounds, "edges": cfg.topology.edges,
-                    "devices_per_edge": cfg.topology.devices_per_edge, "seed": cfg.run.seed,
+                    "devices_per_edge": cfg.topology.devices_per_edge,  # no seed: it keys seeded DP noise
                     "medium": self.part("medium") is not None, "relay": self.part("fusion") is not None,
                     "refresh_s": cfg.observe.refresh_s},
             "progress": {"round": c.round, "attempt": c.board.attempt, "phase": phase, "completed": len(rows),

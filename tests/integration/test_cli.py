@@ -1,9 +1,10 @@
 """`hfl run` as a user runs it: exit codes, clean-up, and the one-role commands."""
 import json
 import os
-import time
+import signal
 import subprocess
 import sys
+import time
 
 import psutil
 import pytest
@@ -287,8 +288,11 @@ def test_interrupt_then_resume_without_refusals(tmp_path):
             break
         time.sleep(0.1)
     proc.terminate()
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)  # a second Ctrl-C while it stops: a line, not a traceback
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and f"hfl run --resume {out}" in " ".join(err.split()), err[-2000:]
+    assert "Traceback" not in err, err[-3000:]
     result = hfl("run", "--resume", str(out), "--quiet")
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())

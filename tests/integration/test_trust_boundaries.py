@@ -226,3 +226,67 @@ def test_resumed_state_is_checked_like_a_message(hfl_testbed):
     log = (tb.logs / "cloud.log").read_text()
     assert summary["rounds"] == 3 and "--resume: discarding" in log and "edge-000.npz" in log and "shape" in log
     assert all(np.isfinite(r["loss"]) and r["edges"] == 2 for r in tb.metrics())
+
+
+def test_an_air_run_resumed_after_the_cloud_died_matches_the_uninterrupted_run(hfl_testbed, tmp_path_factory):
+    """Over the air a device keeps its own estimate of the global model across rounds: a cloud killed in the middle
+    of round 1 (every slot done, edge-000's submit of it held on the way) and resumed from its checkpoint re-runs the round
+    from the same estimates, so the metrics equal a clean run's."""
+    import threading
+
+    from .mitm import Act, Tamper, until
+    from .test_faults import key
+    from .test_hardening import AIR, clean_run
+
+    overrides = AIR + ["run.rounds=3", "net.rejoin_grace_s=60"]
+    clean = clean_run(tmp_path_factory, overrides, "clean-air")
+    held, release = {}, threading.Event()
+
+    def edge(method, envelope):
+        if method == "Submit" and envelope.meta.round == 1 and not held:
+            held["envelope"] = envelope
+            return Act(envelope, hold=until(release.is_set, 300))
+        return Act(envelope)
+
+    with Tamper(edge) as proxy:
+        tb = hfl_testbed(overrides=overrides, via={"edge-000": proxy.address})
+        proxy.upstream = tb.cloud_address
+        deadline = time.monotonic() + 300
+        while "envelope" not in held:
+            assert time.monotonic() < deadline, "edge-000 never submitted round 1"
+            tb.check()
+            time.sleep(0.05)
+        tb.kill("cloud")
+        tb.restart("cloud", resume=True)
+        release.set()
+        summary = tb.wait(timeout=600)
+    assert summary["resumed"] is True and summary["rounds"] == 3
+    assert key(tb.metrics()) == key(clean.metrics())
+
+
+def test_a_stopped_edge_exits_once_its_cloud_has_ended(hfl_testbed):
+    """An edge stopped (SIGSTOP) mid-run costs the run its cluster only; continued after the cloud has ended, it finds
+    no cloud and stops within its --wait instead of retrying for ever."""
+    import signal
+
+    from .test_faults import wait_rows
+
+    tb = hfl_testbed(overrides=SMALL + ["run.rounds=3", "net.phase_timeout_s=5", "net.rejoin_grace_s=3",
+                                        "net.presence_deadline_s=3"], extra_args={"edge": ["--wait", "8"]})
+    wait_rows(tb, 1)
+    edge = tb.node("edge-000")
+    edge.expected_exit = True
+    os.killpg(edge.proc.pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 300
+    while tb.nodes["cloud"].returncode() is None:
+        assert time.monotonic() < deadline, "the run did not end without the stopped edge"
+        time.sleep(0.2)
+    assert tb.nodes["cloud"].returncode() == 0 and len(tb.metrics()) == 3
+    assert edge.returncode() is None  # still stopped
+    os.killpg(edge.proc.pid, signal.SIGCONT)
+    deadline = time.monotonic() + 60
+    while edge.returncode() is None:
+        assert time.monotonic() < deadline, "the continued edge went on retrying its ended cloud"
+        time.sleep(0.2)
+    log = (tb.logs / "edge-000.log").read_text()
+    assert "unreachable for" in log and "it ended or died; stopping" in log and "Traceback" not in log

@@ -146,6 +146,23 @@ def cmd_config(args) -> int:
     return 0
 
 
+def cmd_host_token(args) -> int:
+    from hfl.common import certs, session
+
+    secret = session.join_secret()
+    if not secret:
+        print("hfl host-token: no join secret: set HFL_JOIN_SECRET (or HFL_JOIN_SECRET_FILE) to the run's",
+              file=sys.stderr)
+        return 2
+    try:
+        ident = certs.parse_identity("device", args.devices)
+    except certs.CertError as exc:
+        print(f"hfl host-token: {exc}", file=sys.stderr)
+        return 2
+    print(session.host_token(secret, ident.lo, ident.hi))
+    return 0
+
+
 def cmd_health(args) -> int:
     import grpc
 
@@ -371,6 +388,11 @@ def build_parser() -> argparse.ArgumentParser:
     c = csub.add_parser("show", help="print subject, issuer, validity and names of certificates")
     c.add_argument("files", nargs="+")
     p.set_defaults(func=cmd_certs)
+
+    p = sub.add_parser("host-token", help="print a device host's credential for its own device ids (plaintext runs: "
+                                          "give it to the host as HFL_HOST_TOKEN instead of the join secret)")
+    p.add_argument("devices", metavar="dev-A..dev-B", help="the host's devices: an id or a range")
+    p.set_defaults(func=cmd_host_token)
 
     p = sub.add_parser("health", help="exit 0 if the server at ADDRESS reports SERVING")
     p.add_argument("address")

@@ -53,3 +53,12 @@ def test_a_host_sends_its_token_instead_of_the_join_secret(secret, monkeypatch):
     assert session.join_metadata() == ((session.JOIN_KEY, secret),)
     monkeypatch.setenv(session.HOST_ENV, "0-4.abc")
     assert session.join_metadata() == ((session.HOST_KEY, "0-4.abc"),)
+
+
+def test_hfl_host_token_prints_a_hosts_credential(secret, capsys):
+    from hfl.cli import main
+
+    assert main(["host-token", "dev-00002..dev-00004"]) == 0
+    token = capsys.readouterr().out.strip()
+    assert session.token_range(secret, token) == (2, 4)
+    assert main(["host-token", "dev-9..x"]) == 2 and "bad device id" in capsys.readouterr().err

@@ -57,6 +57,21 @@ def bootstrap(groups: list[list[float]], coefs: list[float], offset: float = 0.0
             "p_less": float((1 + np.sum(draws >= 0)) / (n_boot + 1))}
 
 
+def seeds_for_power(groups: list[list[float]], coefs: list[float], effect: float, alpha: float = 0.05,
+                    power: float = 0.8) -> int | None:
+    """Seeds a cell for a one-sided test at level alpha to detect `effect` (the contrast sum(c * mean), in the
+    claimed direction) with probability `power`, given the cells' spreads (normal approximation, every cell with
+    the same n): the smallest n with effect / sqrt(sum(c^2 s^2) / n) >= z(1 - alpha) + z(power). None when the
+    effect is not in the claimed direction (no number of seeds shows it); 2 when there is no spread."""
+    from scipy import stats
+
+    if effect <= 0:
+        return None
+    var = sum(c * c * stats_of(g)["std"] ** 2 for g, c in zip(groups, coefs) if len(g) > 1)
+    z = float(stats.norm.ppf(1 - alpha) + stats.norm.ppf(power))
+    return max(2, math.ceil(var * (z / effect) ** 2 - 1e-9))
+
+
 def fisher(events: list[tuple[int, int]]) -> dict[str, float]:
     """One-sided Fisher exact test of share(a) - share(b) from [(k_a, n_a), (k_b, n_b)] (events, runs)."""
     from scipy import stats

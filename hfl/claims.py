@@ -69,8 +69,8 @@ contrasts, or the bootstrap's upper percentile. A ratio claim's paper effect is 
 
 Deterministic values (every cell of a comparison has at least two seeds and no spread: a controller's plan, an
 exact formula) are decided from the values, not by a test (a p-value of 0 carries no information there): the
-sign of the contrast and, where the paper gives one, its size; more seeds would add nothing, so `min_seeds` does not
-apply, and the result says "deterministic".
+sign of the contrast (equal values where the claim states a difference contradict it) and, where the paper gives
+one, its size; more seeds would add nothing, so `min_seeds` does not apply, and the result says "deterministic".
 
 A weak relation (>=, <=) is a non-inferiority test: `a >= b` reads
 "a is not below b by more than the margin" and is tested as the strict relation a - b + margin > 0; it holds when that
@@ -96,7 +96,8 @@ from typing import Any
 from hfl.claim_kinds import (COMMON, ID, KINDS, RELATIONS, TESTS, Claim, ClaimError, Comparison, _sign,  # noqa: F401
                              parse_claim, parse_claims)
 from hfl.claim_stats import (CONTRADICTED, HOLDS, MAGNITUDE, N_SMALL, NOT_RUN, NOT_SHOWN, RANK, SHAPE,  # noqa: F401
-                             bootstrap, fisher, num as _num, stats_of as _stats, value_text as _value, welch)
+                             bootstrap, fisher, num as _num, seeds_for_power, stats_of as _stats, value_text as _value,
+                             welch)
 
 WEAK_MARGIN = 0.02  # a weak relation's default margin, relative to the compared-to side's mean
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -146,8 +147,9 @@ def _holds(op: str, x: float, value: float) -> bool:
 
 
 def _worst(comps: list[dict[str, Any]]) -> dict[str, Any]:
-    """The comparison whose verdict decides a claim's (contradicted first, holds last)."""
-    return min(comps, key=lambda c: RANK[c["verdict"]])
+    """The comparison whose verdict decides a claim's (contradicted first, holds last; among those with too few
+    seeds, the one whose test alone says least)."""
+    return min(comps, key=lambda c: (RANK[c["verdict"]], RANK.get(c.get("test_verdict"), len(RANK))))
 
 
 def _paired(comp: Comparison, coefs: list[float], values: dict[str, list[float]],
@@ -257,8 +259,15 @@ def evaluate_comparison(claim: Claim, comp: Comparison, values: dict[str, list[f
     else:
         res = welch(groups, coefs, offset, claim.alpha)
         out["t"], out["df"] = sign * res["t"], res["df"]
-    out = _decide(claim, out, res, k, margin if weak else None, ratio_to_paper, paper_effect(comp, means))
+    paper = paper_effect(comp, means)
+    out = _decide(claim, out, res, k, margin if weak else None, ratio_to_paper, paper)
+    # seeds a cell for 80% power against the paper's effect where it gives one, else against ours
+    target = paper if paper is not None and paper > 0 and not weak else res["estimate"]
+    spread = [contrasts] if claim.test == "paired" else groups
+    out["seeds_for_power"] = seeds_for_power(spread, [1.0] if claim.test == "paired" else coefs, target, claim.alpha)
     if deterministic:
+        if out["verdict"] == NOT_SHOWN:  # equal values where the claim states a difference: none, exactly
+            out = {**out, "verdict": CONTRADICTED, "why": "the values are equal where the claim states a difference"}
         return {**out, "deterministic": True,
                 "why": f"deterministic values (no spread over {n} seeds), decided from the values: {out['why']}"}
     if n < claim.min_seeds:

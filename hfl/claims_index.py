@@ -212,6 +212,17 @@ def _effects(result: dict) -> str:
     return "; ".join(parts)
 
 
+def _power(result: dict) -> str:
+    """Seeds a cell for 80% power of the claim's test (its comparison that needs most): against the paper's effect
+    where it gives one, else against ours; "never" when our effect is against the claim."""
+    needs = [c.get("seeds_for_power", -1) for c in result["comparisons"]]
+    if all(n == -1 for n in needs):
+        return "-"
+    if any(n is None for n in needs):
+        return "never (our effect is against the claim)"
+    return str(max(needs))
+
+
 def _name(result: dict) -> str:
     return result["id"] + (f" ({result['label']})" if result["label"] else "")
 
@@ -283,11 +294,11 @@ def pages(root: pathlib.Path, sources: Sources) -> dict[str, str]:
 def _check_section(root, check, verdict, decider, decided, reports, specs, sources, page, setting, eps) -> list[str]:
     cid = check["id"]
     up = "../../"
-    lines = [f"## {cid} {check['title']}", "", f"- Paper: {check['statement']}", f"- Paper's figure: {check['figure']}",
-             f"- Paper's setting: {check.get('paper_setting', '-')}"]
+    lines = [f"## {cid} {check['title']}", "", f"- Paper: {check['statement']}", f"- Paper's figure: {check['figure']}"]
     if check.get("unit_tests"):
         lines += ["- Tested by unit tests: " + ", ".join(f"`{t}`" for t in check["unit_tests"]), ""]
         return lines
+    lines.append(f"- Paper's setting: {check.get('paper_setting', '-')}")
     lines.append(f"- Our setting (primary): {setting or '-'}")
     if eps:
         lines.append(f"- Epsilon, the accountant's (the paper's claim): {eps}")
@@ -304,13 +315,14 @@ def _check_section(root, check, verdict, decider, decided, reports, specs, sourc
         lines.append(f"- Narrowed or dropped: {item}")
     lines += [f"- Verdict: **{verdict}**" + (f", decided by {_name(decider)}" + (f": {decider['why']}" if decider["why"] else "")
                                              if decider else ""), "",
-              "| spec | role | claim | verdict | ours | why | report |", "|---|---|---|---|---|---|---|"]
+              "| spec | role | claim | verdict | ours | why | seeds for 80% power | report |",
+              "|---|---|---|---|---|---|---|---|"]
     deciding = {id(r) for _, r in decided}
     for spec in sorted(specs, key=lambda s: (s not in check.get("primary", []), s)):
         report = reports.get(spec)
         role = "primary" if spec in check.get("primary", []) else "ablation"
         if report is None:
-            lines.append(f"| [`{spec}`]({up}{spec}) | {role} | - | not run | - | - | - |")
+            lines.append(f"| [`{spec}`]({up}{spec}) | {role} | - | not run | - | - | - | - |")
             continue
         pooled_into = [r.spec for r in reports.values() if report.dir in r.pooled_from]
         if pooled_into:
@@ -322,6 +334,7 @@ def _check_section(root, check, verdict, decider, decided, reports, specs, sourc
             ours = "; ".join(f"{cell} {value_text(r['values'][cell])}" for cell in r["cells"])
             why = r["why"] or "-" if r["verdict"] != HOLDS else "-"
             lines.append(f"| [`{spec}`]({up}{spec}) | {shown} | {r['label'] or '-'} | **{r['verdict']}**"
-                         f"{sources.paired_note(r)} | {ours} | {why} | [{report.dir}]({up}{report.dir}/results.md) |")
+                         f"{sources.paired_note(r)} | {ours} | {why} | {_power(r)} | "
+                         f"[{report.dir}]({up}{report.dir}/results.md) |")
     lines.append("")
     return lines

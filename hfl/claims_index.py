@@ -23,7 +23,7 @@ import tomllib
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from hfl.claim_stats import HOLDS, NOT_RUN, VERDICTS, num, value_text, worst
+from hfl.claim_stats import HOLDS, N_SMALL, NOT_RUN, RANK, VERDICTS, num, value_text, worst
 
 CHECKS = "reproductions/checks.toml"
 IGNORED = ("run.name", "run.seed")  # the keys a seed extension may change
@@ -154,7 +154,19 @@ def row_verdict(check: dict, decided: list[tuple[Report, dict]]) -> tuple[str, d
     if not decided:
         return NOT_RUN, None
     verdict = worst([r["verdict"] for _, r in decided])
-    return verdict, next(r for _, r in decided if r["verdict"] == verdict)
+    return verdict, min((r for _, r in decided if r["verdict"] == verdict), key=test_rank)
+
+
+def test_rank(result: dict) -> int:
+    """How badly a claim's test alone goes (its worst comparison's, before the seed rule): the tie-break among
+    claims of one verdict."""
+    comps = result.get("comparisons") or [{"verdict": result["verdict"]}]
+    return min(RANK.get(c.get("test_verdict", c["verdict"]), len(RANK)) for c in comps)
+
+
+def test_alone(result: dict) -> str:
+    """What the test of a claim with too few seeds says by itself (its worst comparison's test verdict)."""
+    return next(v for v, rank in RANK.items() if rank == test_rank(result))
 
 
 # ---- writing -------------------------------------------------------------------------------------
@@ -254,7 +266,8 @@ def pages(root: pathlib.Path, sources: Sources) -> dict[str, str]:
         ours = (f"{_name(decider)}: {_effects(decider)}" if decider else
                 "unit tests: " + ", ".join(f"`{t}`" for t in check["unit_tests"]) if check.get("unit_tests") else "-")
         narrowed = "<br>".join(check.get("narrowed", [])) or "-"
-        rows.append(f"| [{cid} {check['title']}]({anchor}) | {check['figure']} | {ours} | **{verdict}** | "
+        alone = f" (the test alone: {test_alone(decider)})" if verdict == N_SMALL else ""
+        rows.append(f"| [{cid} {check['title']}]({anchor}) | {check['figure']} | {ours} | **{verdict}**{alone} | "
                     f"ours: {setting}<br>paper: {check.get('paper_setting', '-')} | "
                     f"{eps or '-'} | {narrowed} |")
         papers.setdefault(page, []).extend(_check_section(root, check, verdict, decider, decided, reports,

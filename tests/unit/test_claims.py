@@ -396,6 +396,12 @@ def test_a_checks_verdict_is_the_worst_of_its_primary_claims():
     decided = claims_index.primary_results(check, {"p.toml": rep})
     assert [r["label"] for _, r in decided] == ["paper", "paper, gap"]  # ablations, references, other checks: out
     assert claims_index.row_verdict(check, decided) == (claims.N_SMALL, decided[1][1])
+    # among claims of the worst verdict, the one whose test alone says least decides, and the row shows it
+    few = [result(claims.N_SMALL, "paper, p"), result(claims.N_SMALL, "paper, q")]
+    few[0]["comparisons"] = [{"verdict": claims.N_SMALL, "test_verdict": claims.HOLDS}]
+    few[1]["comparisons"] = [{"verdict": claims.N_SMALL, "test_verdict": claims.CONTRADICTED}]
+    verdict, decider = claims_index.row_verdict(check, [(rep, r) for r in few])
+    assert decider is few[1] and claims_index.test_alone(decider) == claims.CONTRADICTED
     named = claims_index.primary_results({**check, "primary_claims": ["paper", "ablation: x"]}, {"p.toml": rep})
     assert claims_index.row_verdict(check, named)[0] == claims.CONTRADICTED
     assert claims_index.row_verdict(check, [])[0] == claims.NOT_RUN

@@ -207,7 +207,7 @@ def _epsilon(report: Report, results: list[dict]) -> str:
         return ""
     text = f"{min(spent):.3g}" + (f" to {max(spent):.3g}" if max(spent) > min(spent) else "")
     if claimed:
-        text += " (claimed " + ", ".join(f"{c:g}" for c in sorted(set(claimed))) + ")"
+        text += " (claimed " + ", ".join(dict.fromkeys(f"{c:.3g}" for c in sorted(claimed))) + ")"
     return text
 
 
@@ -267,8 +267,8 @@ def pages(root: pathlib.Path, sources: Sources) -> dict[str, str]:
                 "unit tests: " + ", ".join(f"`{t}`" for t in check["unit_tests"]) if check.get("unit_tests") else "-")
         narrowed = "<br>".join(check.get("narrowed", [])) or "-"
         alone = f" (the test alone: {test_alone(decider)})" if verdict == N_SMALL else ""
-        rows.append(f"| [{cid} {check['title']}]({anchor}) | {check['figure']} | {ours} | **{verdict}**{alone} | "
-                    f"ours: {setting}<br>paper: {check.get('paper_setting', '-')} | "
+        where = f"ours: {setting}<br>paper: {check.get('paper_setting', '-')}" if "primary" in check else "-"
+        rows.append(f"| [{cid} {check['title']}]({anchor}) | {check['figure']} | {ours} | **{verdict}**{alone} | {where} | "
                     f"{eps or '-'} | {narrowed} |")
         papers.setdefault(page, []).extend(_check_section(root, check, verdict, decider, decided, reports,
                                                           naming.get(cid, []), sources, page, setting, eps))

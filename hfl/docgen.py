@@ -1,6 +1,6 @@
 """Documentation generated from the code (tests fail when a page drifts from it).
 
-    python -m hfl.docgen algorithms                                    # the README's algorithm table
+    python -m hfl.docgen algorithms                                    # the table in docs/algorithms.md
     python -m hfl.docgen configuration > docs/configuration.md         # every config key
     python -m hfl.docgen default-config > deploy/configs/default.toml  # the built-in defaults as a file
 """

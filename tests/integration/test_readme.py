@@ -1,5 +1,5 @@
 """The README and docs/ keep their promises: every shell command block either runs here or says why it cannot
-(`<!-- not run: REASON -->` on the line before it), and the algorithm table is the registry's.
+(`<!-- not run: REASON -->` on the line before it), and the algorithm table (docs/algorithms.md) is the registry's.
 
 `hfl run ...` lines are checked as `hfl config ...` (the same checks `hfl run` makes before any process starts:
 keys, values, stages, codecs, dataset, devices, model); `tests/integration/test_cli.py` runs `hfl run` itself.
@@ -56,8 +56,8 @@ def test_every_command_block_runs_or_says_why(page, marker, body, tmp_path):
 def test_the_algorithm_table_is_the_registry():
     from tests.unit.test_config import _fresh_docgen  # a plugin another test imported must not add its algorithms
 
-    assert _fresh_docgen("algorithms").rstrip("\n") in (ROOT / "README.md").read_text(), \
-        "README's algorithm table is stale: paste the output of `python -m hfl.docgen algorithms`"
+    assert _fresh_docgen("algorithms").rstrip("\n") in (ROOT / "docs" / "algorithms.md").read_text(), \
+        "docs/algorithms.md's table is stale: paste the output of `python -m hfl.docgen algorithms`"
 
 
 def test_every_paper_is_named():

@@ -32,7 +32,8 @@ while time.monotonic() < end and os.getppid() == parent:
     for _ in range(200000):
         pass
 """
-_SUMMARY_LINE = re.compile(r"^(FAILED|ERROR) ([^\s@]+)")  # `@group`: xdist's loadgroup suffix
+_SUMMARY_LINE = re.compile(r"^(FAILED|ERROR) (\S+)")
+_GROUP = re.compile(r"@[^\[\]@]*$")  # `test[id]@group`: the suffix xdist's loadgroup adds to a name
 _COUNTS = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed)\b")
 
 
@@ -54,6 +55,7 @@ class Run:
 def nodeid(classname: str, name: str, root: pathlib.Path = ROOT) -> str:
     """pytest's node id from a junit testcase: classname `tests.integration.test_x.TestY` names a module path, then
     classes; the longest dotted prefix that is a file under `root` is the module."""
+    name = _GROUP.sub("", name)
     parts = classname.split(".") if classname else []
     for i in range(len(parts), 0, -1):
         if (root / pathlib.Path(*parts[:i])).with_suffix(".py").is_file():
@@ -78,7 +80,7 @@ def junit_failures(xml_path: pathlib.Path, root: pathlib.Path = ROOT) -> tuple[l
 
 def summary_failures(text: str) -> tuple[list[str], dict[str, int]]:
     """The same from pytest's terminal output (`-rfE` short summary and final counts line): for a run without junit xml."""
-    failed = [m.group(2) for m in map(_SUMMARY_LINE.match, text.splitlines()) if m]
+    failed = [_GROUP.sub("", m.group(2)) for m in map(_SUMMARY_LINE.match, text.splitlines()) if m]
     counts: dict[str, int] = {}
     tail = text.rstrip().splitlines()[-1] if text.strip() else ""
     for n, kind in _COUNTS.findall(tail):

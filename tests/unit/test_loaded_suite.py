@@ -13,7 +13,8 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites name="pytest tests"
 <testcase classname="tests.integration.test_edge_processes" name="test_edges_sharing_a_process_under_mutual_tls">
   <failure message="AssertionError">UNAVAILABLE</failure></testcase>
 <testcase classname="tests.unit.test_loaded_suite" name="test_ok" />
-<testcase classname="tests.integration.test_live.TestPage" name="test_x[per_edge]"><failure message="x"/></testcase>
+<testcase classname="tests.integration.test_live.TestPage" name="test_x[a@b]@tests/integration/test_live.py">
+  <failure message="x"/></testcase>
 <testcase classname="tests.integration.test_mtls" name="test_the_run_finishes_despite_the_rogues"><error message="e"/></testcase>
 <testcase classname="tests.unit.test_loaded_suite" name="test_skipped"><skipped message="s"/></testcase>
 <testcase classname="tests.unit.test_loaded_suite" name="test_ok_too" />
@@ -25,7 +26,7 @@ def test_failures_from_junit_xml(tmp_path):
     xml.write_text(JUNIT)
     failed, counts = loaded_suite.junit_failures(xml)
     assert failed == ["tests/integration/test_edge_processes.py::test_edges_sharing_a_process_under_mutual_tls",
-                      "tests/integration/test_live.py::TestPage::test_x[per_edge]",
+                      "tests/integration/test_live.py::TestPage::test_x[a@b]",
                       "tests/integration/test_mtls.py::test_the_run_finishes_despite_the_rogues"]
     assert counts == {"passed": 2, "failed": 2, "errors": 1, "skipped": 1}
 
@@ -36,11 +37,12 @@ def test_failures_from_the_terminal_summary():
 FAILED tests/integration/test_edge_processes.py::test_a@tests/integration/test_edge_processes.py - AssertionError
 ERROR tests/integration/test_mtls.py::test_b@tests/integration/test_mtls.py
 FAILED tests/unit/test_x.py::test_c[1-2]
+FAILED tests/unit/test_x.py::test_d[x@y]@tests/unit/test_x.py - assert 1 == 2
 =========== 2 failed, 1553 passed, 2 skipped, 1 error in 738.12s (0:12:18) ===========
 """
     failed, counts = loaded_suite.summary_failures(text)
     assert failed == ["tests/integration/test_edge_processes.py::test_a", "tests/integration/test_mtls.py::test_b",
-                      "tests/unit/test_x.py::test_c[1-2]"]
+                      "tests/unit/test_x.py::test_c[1-2]", "tests/unit/test_x.py::test_d[x@y]"]
     assert counts == {"failed": 2, "passed": 1553, "skipped": 2, "errors": 1}
 
 

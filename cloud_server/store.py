@@ -138,5 +138,36 @@ class RunStore:
         if fused.exists():  # relay algorithms: rounds past the checkpoint are fused again
             metrics.write_jsonl(fused, [r for r in metrics.read_jsonl(fused) if r["round"] <= last])
 
+    def write_summary(self, cfg, rows: list[dict], facts: dict) -> dict:
+        """summary.json: the run's figures from its metrics rows and config, and `facts` the rows do not hold
+        (`refused_now`: refusals counted after the last row)."""
+        from hfl.common import plans
+
+        evaluated = [r for r in rows if r["accuracy"] is not None]
+        facts = dict(facts)
+        summary = {
+            "run_id": facts.pop("run_id"),
+            "algorithm": cfg.run.algorithm,
+            "seed": cfg.run.seed,
+            "rounds": len(rows),
+            "final_accuracy": evaluated[-1]["accuracy"] if evaluated else None,
+            "final_loss": evaluated[-1]["loss"] if evaluated else None,
+            "best_accuracy": max((r["accuracy"] for r in evaluated), default=None),
+            "wall_seconds": facts.pop("wall_seconds"),
+            "bytes_up": sum(r["bytes_up"] for r in rows),
+            "bytes_down": sum(r["bytes_down"] for r in rows),
+            "refused": sum(r["refused"] for r in rows) + facts.pop("refused_now"),
+            "aggregator": cfg.pipeline.aggregate,
+            "diverged": any(r.get("diverged") for r in rows),
+            "model": cfg.model.name,
+            "dataset": cfg.data.dataset,
+            "devices": cfg.num_devices,
+            "edges": cfg.topology.edges,
+            "weights": {"edge": plans.weights_rule(cfg, "edge"), "cloud": plans.weights_rule(cfg, "cloud")},
+            **facts,
+        }
+        metrics.write_json(self.run_dir / "summary.json", summary)
+        return summary
+
     def metrics_up_to(self, last: int) -> list[dict]:
         return [r for r in metrics.read_jsonl(self.run_dir / "metrics.jsonl") if r["round"] <= last]

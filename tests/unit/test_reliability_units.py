@@ -118,27 +118,28 @@ def test_run_dir_guard(tmp_path: pathlib.Path):
 
 
 def test_cloud_refuses_a_non_finite_or_exploding_aggregate():
-    from hfl.cloud_server.service import CloudServer, EdgeResult
+    from hfl.cloud_server.driver import RoundDriver
+    from hfl.cloud_server.store import EdgeResult
     from hfl.common.config import Config
 
-    cloud = CloudServer.__new__(CloudServer)
+    cloud = RoundDriver.__new__(RoundDriver)
     cloud.cfg, cloud.rejected_aggregates = Config(), 0
     cloud.w = np.full(4, 3e38, np.float32)  # finite, as is every edge delta; their sum is not
     big = np.full(4, 3e38, np.float32)
     results = {"edge-000": EdgeResult(big, 1, 10, {}), "edge-001": EdgeResult(big, 1, 10, {})}
     mode = DigitalCloud(SimpleNamespace(cfg=cloud.cfg, dim=4, run_dir=None))
-    assert "non-finite" in cloud._install(3, mode.model(3, results, cloud.w))
+    assert "non-finite" in cloud.install(3, mode.model(3, results, cloud.w))
     assert cloud.rejected_aggregates == 1 and np.array_equal(cloud.w, np.full(4, 3e38, np.float32))
     cloud.w = np.ones(4, np.float32)
     # one edge's absurd (finite) delta moves the model by ~1e30: refused, the previous model kept
     results = {"edge-000": EdgeResult(np.full(4, 1e30, np.float32), 1, 10, {}),
                "edge-001": EdgeResult(np.ones(4, np.float32), 1, 10, {})}
-    assert "max_update_ratio" in cloud._install(4, mode.model(4, results, cloud.w))
+    assert "max_update_ratio" in cloud.install(4, mode.model(4, results, cloud.w))
     assert cloud.rejected_aggregates == 2 and np.array_equal(cloud.w, np.ones(4, np.float32))
     results = {"edge-000": EdgeResult(np.ones(4, np.float32), 1, 10, {})}
-    assert cloud._install(5, mode.model(5, results, cloud.w)) == ""
+    assert cloud.install(5, mode.model(5, results, cloud.w)) == ""
     assert np.array_equal(cloud.w, np.full(4, 2.0, np.float32))
-    assert cloud._install(6, mode.model(6, {}, cloud.w)) == "" and cloud.rejected_aggregates == 2  # nothing came
+    assert cloud.install(6, mode.model(6, {}, cloud.w)) == "" and cloud.rejected_aggregates == 2  # nothing came
 
 
 def test_refuse_install_threshold():

@@ -304,8 +304,53 @@ def _read_entry(entry: pathlib.Path) -> Dataset | None:
         return None
 
 
+def check_dataset(data: Dataset, name: str) -> Dataset:
+    """A dataset as every process trains on it: uint8 images (N, C, H, W) in 0..255 (the shards scale them by 1/255),
+    integer labels in [0, num_classes), one label per image. Anything else would train silently at chance: a
+    DataError naming the dataset."""
+    if not isinstance(data, Dataset):
+        raise DataError(f"dataset {name!r} returned {type(data).__name__}, not hfl.common.data.Dataset")
+    if not isinstance(data.num_classes, (int, np.integer)) or data.num_classes < 2:
+        raise DataError(f"dataset {name!r}: num_classes must be an integer >= 2, got {data.num_classes!r}")
+    for split in ("train", "test"):
+        x, y = np.asarray(getattr(data, f"x_{split}")), np.asarray(getattr(data, f"y_{split}"))
+        if x.dtype != np.uint8 or x.ndim != 4:
+            hint = " (scale features in [0, 1] with (x * 255).round().astype(np.uint8))" if x.dtype.kind == "f" else ""
+            raise DataError(f"dataset {name!r}: x_{split} is {x.dtype} of shape {x.shape}; images must be uint8 "
+                            f"(N, C, H, W) in 0..255, which the devices scale by 1/255{hint}")
+        if y.ndim != 1 or y.dtype.kind not in "iu" or len(y) != len(x):
+            raise DataError(f"dataset {name!r}: y_{split} must be {len(x)} integer labels, got {y.dtype} of shape "
+                            f"{y.shape}")
+        if len(y) and (int(y.min()) < 0 or int(y.max()) >= data.num_classes):
+            raise DataError(f"dataset {name!r}: y_{split} holds labels {int(y.min())}..{int(y.max())}, outside "
+                            f"[0, num_classes = {data.num_classes})")
+    if data.x_train.shape[1:] != data.x_test.shape[1:]:
+        raise DataError(f"dataset {name!r}: train images {data.x_train.shape[1:]} and test images "
+                        f"{data.x_test.shape[1:]} differ in shape")
+    return data
+
+
+def dataset_digest(data: Dataset) -> str:
+    """A digest of the arrays every process must agree on (train images and labels, test labels): the cloud states
+    it in the run's spec and each device host compares its own, so a dataset that is not the same everywhere (an
+    unseeded plugin) is refused instead of training each host on other data."""
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=16)
+    for a in (data.x_train, data.y_train, data.y_test):
+        a = np.ascontiguousarray(a)
+        h.update(f"{a.dtype}{a.shape}".encode())
+        h.update(memoryview(a).cast("B"))
+    return h.hexdigest()
+
+
 def load_dataset(cfg, cache: str | os.PathLike | None = None) -> Dataset:
-    """Load the dataset named by a DataSection, through the cache (`cache` overrides cache_root())."""
+    """Load the dataset named by a DataSection, through the cache (`cache` overrides cache_root()), checked
+    (check_dataset) in every process that loads it."""
+    return check_dataset(_load(cfg, cache), cfg.dataset)
+
+
+def _load(cfg, cache: str | os.PathLike | None) -> Dataset:
     loader = DATASETS.get(cfg.dataset)
     root = pathlib.Path(cache) if cache is not None else cache_root()
     key = cache_key(cfg) if root is not None else None

@@ -9,6 +9,18 @@ from .config import ConfigError
 RUN_RECORDS = ("metrics.jsonl", "summary.json", "checkpoint.npz", "privacy_ledger.jsonl")
 
 
+def check_writable(run_dir: pathlib.Path) -> None:
+    """A run directory that can be one: not a file, and creatable and writable (ConfigError naming it, at once)."""
+    import os
+
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"run directory {run_dir} is a file: give --out a directory")
+    existing = next((p for p in (run_dir, *run_dir.parents) if p.exists()), None)
+    if existing is None or not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"run directory {run_dir}: cannot write under {existing} (permission denied or not a "
+                          f"directory)")
+
+
 def check_run_dir(run_dir: pathlib.Path, resume: bool, force: bool) -> None:
     """Refuse a fresh run in a directory holding one (unless `force`: its records are deleted);
     `resume` needs a checkpoint."""

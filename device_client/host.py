@@ -14,7 +14,7 @@ import torch
 
 from hfl.common import config as config_mod
 from hfl.common import host_credentials, modes, plans, relay_tag, rpc, session, topology, wire
-from hfl.common.data import load_dataset
+from hfl.common.data import dataset_digest, load_dataset
 from hfl.common.models import build, num_parameters
 from hfl.common.partition import partition
 from hfl.common.pipeline import Link
@@ -329,7 +329,7 @@ class DeviceHost:
         return reply
 
     @staticmethod
-    def _checked_config(replies: list[pb.RegisterReply]) -> config_mod.Config:
+    def _checked_spec(replies: list[pb.RegisterReply]) -> tuple[config_mod.Config, dict]:
         """The run's config from the edges' discovery replies, trusted only as far as it can be checked: the cloud's
         tag on the spec (with the relay secret), one run and one spec for every edge, each edge's members as the
         topology gives them, and no plugin this host did not load itself."""
@@ -343,7 +343,7 @@ class DeviceHost:
             if list(r.members) != expected:
                 raise config_mod.ConfigError(f"{r.cluster_id} lists members {r.members[:3]}..., not its devices in the run's "
                                  f"topology ({expected[0]}..{expected[-1]})")
-        return cfg
+        return cfg, specs[0]
 
     async def run(self) -> int:
         started = time.monotonic()
@@ -353,7 +353,7 @@ class DeviceHost:
             log.warning("no devices for host %d of %d", self.host_index, self.hosts)
             return 0
         replies = await asyncio.gather(*(self._discover(d) for d in dials))
-        cfg = self._checked_config(replies)
+        cfg, spec = self._checked_spec(replies)
         torch.set_num_threads(cfg.train.torch_threads)
         ids = self.identity.devices(list(zip(dials, replies)), self.host_index, self.hosts)
         clusters = ", ".join(r.cluster_id for r in replies)
@@ -370,6 +370,11 @@ class DeviceHost:
         executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="train")
         try:
             shards, data = await asyncio.get_running_loop().run_in_executor(executor, device_shards, cfg, ids)
+            if spec.get("data_digest") not in (None, dataset_digest(data)):
+                raise config_mod.ConfigError(
+                    f"dataset {cfg.data.dataset!r} differs here from the cloud's (digest {dataset_digest(data)}, the "
+                    f"cloud's {spec['data_digest']}): a dataset must give the same arrays in every process (a plugin "
+                    f"dataset: seed it, and read the same files)")
             model = build(cfg.model.name, data.input_shape, data.num_classes)
             del data
             trainer = Trainer(model, executor)

@@ -111,6 +111,10 @@ def cmd_edge(args) -> int:
 def cmd_devices(args) -> int:
     from hfl.device_client.host import DeviceHost
 
+    if args.hosts < 1 or not 0 <= args.host_index < args.hosts:
+        raise SystemExit(f"hfl devices: --host-index {args.host_index} with --hosts {args.hosts}: the index must be "
+                         f"0 to {max(args.hosts, 1) - 1} (and --hosts at least 1)")
+
     tls = _tls(args, "devices")
     host = DeviceHost(args.edge, args.host_index, args.hosts, wait_s=args.wait, **tls.client_kwargs())
     return _run_async(host.run)

@@ -133,6 +133,9 @@ def run_with_progress(config, overrides, out=None, quiet: bool = False, certs: s
     try:
         console.print(f"run directory: {bed.run_dir}")
         bed.start()
+        if bed.rounds_extended:
+            console.print(f"resume: run.rounds {bed.rounds_extended[0]} -> {bed.rounds_extended[1]} (config.toml "
+                          f"updated; nothing else of the run changes)", highlight=False)
         if quiet or not console.is_terminal:
             url = None
             for row in bed.iter_metrics(timeout=24 * 3600, on_poll=notices):
@@ -157,6 +160,8 @@ def run_with_progress(config, overrides, out=None, quiet: bool = False, certs: s
         deaths = bed.deaths()
         if deaths:
             summary["node_deaths"] = deaths
+        if bed.rounds_extended:
+            summary["rounds_extended"] = {"from": bed.rounds_extended[0], "to": bed.rounds_extended[1]}
         summary["total_seconds"] = round(time.monotonic() - launched, 2)  # from the command's start
         # the command's start to the nodes' launch (imports, config, preflight, the forkserver's preload); the
         # cloud's startup_seconds runs from there to round 0
@@ -182,6 +187,8 @@ def run_with_progress(config, overrides, out=None, quiet: bool = False, certs: s
         if detail:
             console.print(detail, markup=False, highlight=False)
         console.print(f"logs: {bed.logs}")
+        if (bed.run_dir / "checkpoint.npz").exists() and not (bed.run_dir / "summary.json").exists():
+            console.print(f"continue this run with:\n  {resume_command(bed.run_dir)}", highlight=False, soft_wrap=True)
         return 1
     finally:
         bed.close()

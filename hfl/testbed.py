@@ -45,6 +45,15 @@ from hfl.node_spawn import caller, node_env, prepare, spawner
 PR_SET_PDEATHSIG = 1
 
 
+def _check_resume_overrides(overrides) -> None:
+    """A resume continues the run as it was configured; the one change it takes is more rounds."""
+    for item in overrides or ():
+        key = str(item).partition("=")[0].strip()
+        if key != "run.rounds":
+            raise config_mod.ConfigError(f"--resume continues the run as it was configured: --set {item} is refused "
+                                         f"(the one change a resume takes is more rounds: --set run.rounds=N)")
+
+
 def die_with_parent() -> None:
     """Run first in a launched node (`HFL_PARENT_PID` set): die with the launcher (PR_SET_PDEATHSIG), and lift the
     descriptor soft limit to the hard one (one descriptor per emulated device connection, on both ends).
@@ -173,11 +182,17 @@ class Testbed:
 
     def __post_init__(self) -> None:
         prepare(self.spawn)  # the forkserver imports the nodes' modules while the config loads and preflight runs
+        self.rounds_extended: tuple[int, int] | None = None  # a resume asked for more rounds: (before, after)
         if self.resume:
             if self.run_dir is None:
                 raise config_mod.ConfigError("resume needs the run directory")
-            if self.config is None:
-                self.config = pathlib.Path(self.run_dir) / "config.toml"
+            saved = pathlib.Path(self.run_dir) / "config.toml"
+            if self.config is not None and not (isinstance(self.config, (str, os.PathLike))
+                                                and pathlib.Path(self.config).resolve() == saved.resolve()):
+                raise config_mod.ConfigError(f"--resume continues the run with its own config ({saved}): give no "
+                                             f"config file")
+            self.config = saved
+            _check_resume_overrides(self.overrides)
         if isinstance(self.config, config_mod.Config):
             cfg = self.config
             if self.overrides:
@@ -191,6 +206,9 @@ class Testbed:
             stamp = time.strftime("%Y%m%d-%H%M%S")
             self.run_dir = pathlib.Path("runs") / f"{cfg.run.name}-{stamp}"
         self.run_dir = pathlib.Path(self.run_dir).resolve()
+        from hfl.common.rundir import check_writable
+
+        check_writable(self.run_dir)  # before the preflight's seconds of work
         self.logs = self.run_dir / "logs"
         self._callers_args = set(self.extra_args)  # a process of several edges cannot take one edge's own arguments
         if self.certs is not None:
@@ -278,7 +296,14 @@ class Testbed:
         for stale in self.ports.glob("*"):
             stale.unlink()
         config_path = self.run_dir / "config.toml"
-        if not self.resume:
+        if self.resume and self.overrides:
+            before = config_mod.load(config_path).run.rounds
+            done = len(self.metrics())
+            if self.cfg.run.rounds < max(before, done):
+                raise config_mod.ConfigError(f"--resume --set run.rounds={self.cfg.run.rounds}: the run has "
+                                             f"{before} rounds ({done} done); a resume can only add rounds")
+            self.rounds_extended = (before, self.cfg.run.rounds)
+        if not self.resume or self.rounds_extended:
             config_path.write_text(config_mod.to_toml(self.cfg))
         deadline = time.monotonic() + self.start_timeout
         self.launched = time.monotonic()

@@ -68,3 +68,32 @@ def test_synthetic_is_deterministic_and_sized():
     cfg = c.load(None, ["data.dataset=synthetic", "data.synthetic_samples=500", "data.synthetic_shape=[3, 16, 16]"]).data
     a, b = load_dataset(cfg), load_dataset(cfg)
     assert a.x_train.shape == (400, 3, 16, 16) and np.array_equal(a.x_train, b.x_train)
+
+
+def test_a_dataset_that_would_train_at_chance_is_refused_where_it_loads():
+    """Float features (scaled by 1/255 like images, they train at chance), labels outside [0, num_classes) or a
+    label count that differs from the images: refused with the dataset's name, in every process that loads it."""
+    import dataclasses
+
+    import numpy as np
+    import pytest
+
+    from hfl.common.data import Dataset, DataError, check_dataset
+
+    rng = np.random.default_rng(0)
+    good = Dataset("mine", rng.integers(0, 256, (20, 1, 4, 4), dtype=np.uint8), rng.integers(0, 3, 20),
+                   rng.integers(0, 256, (5, 1, 4, 4), dtype=np.uint8), rng.integers(0, 3, 5), 3, (0.5,), (0.25,))
+    assert check_dataset(good, "mine") is good
+    cases = {
+        "float32 of shape": dataclasses.replace(good, x_train=good.x_train.astype(np.float32) / 255),
+        "(N, C, H, W)": dataclasses.replace(good, x_test=good.x_test.reshape(5, 16)),
+        "outside [0, num_classes = 3)": dataclasses.replace(good, y_train=good.y_train + 1),
+        "integer labels": dataclasses.replace(good, y_test=good.y_test[:4]),
+        "num_classes must be": dataclasses.replace(good, num_classes=1),
+    }
+    for says, bad in cases.items():
+        with pytest.raises(DataError, match="dataset 'mine'") as err:
+            check_dataset(bad, "mine")
+        assert says in str(err.value), (says, str(err.value))
+    assert "(x * 255).round().astype(np.uint8)" in str(pytest.raises(DataError, check_dataset, cases["float32 of shape"],
+                                                                     "mine").value)

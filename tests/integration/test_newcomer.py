@@ -1,0 +1,90 @@
+"""Mistakes a newcomer makes get a clear line, never a silently wrong result: plugin data checked in every process,
+an honest --resume, the role commands' arguments checked before anything is dialled."""
+import json
+import subprocess
+import sys
+import textwrap
+import time
+
+from .conftest import SMALL
+
+PLUGIN = textwrap.dedent('''
+    import numpy as np
+
+    from hfl.common.data import DATASETS, Dataset
+
+
+    @DATASETS.register("{name}")
+    def make(cfg) -> Dataset:
+        rng = {rng}
+        x = rng.integers(0, 256, size=(120, 1, 8, 8)).astype({dtype})
+        y = np.arange(120) % 4
+        return Dataset("{name}", x[20:], y[20:], x[:20], y[:20], 4, (0.5,), (0.25,))
+''')
+
+
+def hfl(*args, timeout=300, cwd=None):
+    return subprocess.run([sys.executable, "-m", "hfl.cli", *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=cwd)
+
+
+def _plugin(tmp_path, name, rng, dtype="np.uint8"):
+    path = tmp_path / f"{name}_plugin.py"
+    path.write_text(PLUGIN.format(name=name, rng=rng, dtype=dtype))
+    return str(path)
+
+
+def _sets(*extra):
+    return [a for s in [*SMALL, "run.rounds=1", "model.name=mlp", *extra] for a in ("--set", s)]
+
+
+def test_float_features_are_refused_before_launch(tmp_path):
+    plugin = _plugin(tmp_path, "floaty", "np.random.default_rng(0)", "np.float32")
+    result = hfl("run", *_sets(f'run.plugins=["{plugin}"]', "data.dataset=floaty"), "--out", str(tmp_path / "r"))
+    assert result.returncode == 2 and "x_train is float32" in result.stderr and "Traceback" not in result.stderr, \
+        result.stderr[-2000:]
+    assert not (tmp_path / "r" / "logs").exists()  # no process started
+
+
+def test_a_dataset_that_differs_between_processes_is_refused(tmp_path):
+    plugin = _plugin(tmp_path, "unseeded", "np.random.default_rng()")  # a new draw in every process
+    start = time.monotonic()
+    result = hfl("run", *_sets(f'run.plugins=["{plugin}"]', "data.dataset=unseeded"), "--out", str(tmp_path / "r"))
+    assert result.returncode != 0 and "differs here from the cloud's" in result.stdout + result.stderr, \
+        (result.stdout + result.stderr)[-3000:]
+    assert "seed it" in result.stdout + result.stderr and time.monotonic() - start < 200
+    assert not (tmp_path / "r" / "summary.json").exists()
+
+
+def test_a_seeded_plugin_dataset_runs(tmp_path):
+    plugin = _plugin(tmp_path, "seeded", "np.random.default_rng(7)")
+    result = hfl("run", *_sets(f'run.plugins=["{plugin}"]', "data.dataset=seeded"), "--out", str(tmp_path / "r"),
+                 "--quiet")
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_resume_refuses_changes_but_takes_more_rounds(tmp_path):
+    out = tmp_path / "run"
+    first = hfl("run", *_sets(), "--out", str(out), "--quiet")
+    assert first.returncode == 0, first.stderr[-2000:]
+    (out / "summary.json").unlink()  # as if it had stopped after its checkpoint
+    refused = hfl("run", "--resume", str(out), "--set", "train.lr=0.5")
+    assert refused.returncode == 2 and "--set train.lr=0.5 is refused" in refused.stderr
+    assert hfl("run", "deploy/configs/default.toml", "--resume", str(out)).returncode == 2
+    fewer = hfl("run", "--resume", str(out), "--set", "run.rounds=0")
+    assert fewer.returncode == 2
+    more = hfl("run", "--resume", str(out), "--set", "run.rounds=2", "--quiet")
+    assert more.returncode == 0 and "run.rounds 1 -> 2" in more.stderr, more.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rounds"] == 2 and summary["rounds_extended"] == {"from": 1, "to": 2}
+
+
+def test_role_commands_check_their_arguments_before_dialling(tmp_path):
+    start = time.monotonic()
+    result = hfl("devices", "--edge", "127.0.0.1:1", "--host-index", "5", "--hosts", "2", "--wait", "60")
+    assert result.returncode != 0 and "--host-index 5 with --hosts 2" in result.stderr
+    assert "not there yet" not in result.stderr and time.monotonic() - start < 30
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    result = hfl("run", "--out", str(afile), "--set", "run.rounds=1")
+    assert result.returncode == 2 and "is a file" in result.stderr and "Traceback" not in result.stderr

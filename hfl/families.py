@@ -15,7 +15,8 @@ from hfl.common.quantization import algorithms as _quantization_algorithms  # no
 from hfl.common.control import config as _control_config  # noqa: F401  ([control] and its check)
 from hfl.common.channel import config as _channel_config  # noqa: F401  ([channel], [clock], the mode's channel)
 from hfl.common.channel import algorithms as _channel_algorithms  # noqa: F401
-from hfl.common.config import register_section
-from hfl.common.observe.config import ObserveSection
+from hfl.common.config import register_section, register_validator
+from hfl.common.observe.config import ObserveSection, validate_observe
 
 register_section("observe", ObserveSection, after="control")  # the live page's package stays free of registrations
+register_validator(validate_observe)

@@ -62,6 +62,7 @@ def preflight(cfg: Config, call: Callable = call_here) -> dict:
     if shape != (2, data.num_classes):
         raise ConfigError(f"model.name = {cfg.model.name!r} gives outputs of shape {shape[1:]} per sample; "
                           f"{cfg.data.dataset} has {data.num_classes} classes")
+    check_aggregator(cfg)
     _checked[key] = {"num_classes": data.num_classes, "train_samples": len(data.x_train),
                      "input_shape": tuple(data.input_shape), "parameters": parameters}
     check_model_deadline(cfg, _checked[key])
@@ -86,6 +87,25 @@ def model_outputs(name: str, input_shape: tuple[int, ...], num_classes: int, x, 
     with torch.no_grad():
         out = model(torch.from_numpy(x))
     return tuple(out.shape), sum(p.numel() for p in model.parameters())
+
+
+def check_aggregator(cfg: Config) -> None:
+    """Run the aggregation rule once on a cluster's worth of small vectors, so that its parameters' errors (e.g.
+    trimmed_mean's beta >= 0.5) come before any process starts, not in the first round."""
+    import numpy as np
+
+    from hfl.common import robust
+
+    n = max(2, cfg.topology.devices_per_edge)
+    vectors = list(np.random.default_rng(0).normal(size=(n, 8)).astype(np.float32))
+    try:
+        out = robust.aggregate(cfg.pipeline.aggregate, cfg.pipeline.params, vectors, [1.0] * n)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"pipeline.aggregate = {cfg.pipeline.aggregate!r} with [pipeline.params."
+                          f"{cfg.pipeline.aggregate}]: {exc}") from None
+    if np.shape(out) != (8,) or not np.isfinite(out).all():
+        raise ConfigError(f"pipeline.aggregate = {cfg.pipeline.aggregate!r} gives {np.shape(out)} values (or non-finite "
+                          f"ones) for {n} vectors of 8: an aggregator returns one finite vector of their length")
 
 
 def check_model_deadline(cfg: Config, learned: dict) -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hfl.common.config import doc
+from hfl.common.config import ConfigError, doc
 
 
 @dataclass(frozen=True)
@@ -16,3 +16,15 @@ class ObserveSection:
                              "the run's CA (any node's will do: curl --cert, Prometheus tls_config); false serves them "
                              "over TLS to any client, e.g. a browser without a certificate")
     refresh_s: float = doc(2.0, "how often the live page polls the cloud for new figures", min=0.2)
+
+
+def validate_observe(cfg) -> None:
+    """observe.listen is HOST:PORT with a port in 0..65535 (or "" = off): checked with the config, not at the cloud's
+    start."""
+    listen = cfg.observe.listen
+    if not listen:
+        return
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535 or not host.strip("[]"):
+        raise ConfigError(f"observe.listen = {listen!r}: expected HOST:PORT with a port 0..65535 (127.0.0.1:8780; "
+                          f"0.0.0.0:8780 for other machines; \"\" = off)")

@@ -8,10 +8,11 @@ the paired ratios within each repeat. Times are this process' CPU time by defaul
 2-core machine shared with other work the wall clock measures the neighbours as much as the code (--wall for it).
 "dp-sgd" uses the book-keeping (ghost-norm) clipped sum, "dp-sgd[vmap]" materialises per-example gradients with
 torch.func, "dp-sgd-wav" is paper 002's DP-SGD-WAV on the book-keeping path (coefficient-domain norms level by
-level, noise transformed alone: see per_example.py). --opacus times a full DP step (per-example gradients,
-clipping, noise, update) of the project's dp_sgd and of Opacus' PrivacyEngine (grad_sample_mode "hooks" and,
-for Linear-only models, "ghost") on the same model, batch, clip and sigma in the same repeat, and checks both
-clipped sums on one fixed batch (Opacus is the optional extra: pip install -e ".[bench]", opacus 1.6.0).
+level, noise transformed alone: see privacy/wavelet_norms.py, wavelet_noise.py). --opacus times a full DP step
+(per-example gradients, clipping, noise, update) of the project's dp_sgd and of Opacus' PrivacyEngine
+(grad_sample_mode "hooks" and, for Linear-only models, "ghost") on the same model, batch, clip and sigma in the same
+repeat, and checks both clipped sums on one fixed batch (Opacus is the optional extra: pip install -e ".[bench]",
+opacus 1.6.0).
 Synthetic uint8 images; throughput does not depend on pixel values.
 
 Measured 2026-11-24 (2 shared CPU cores, load average 10-13, CPU time, batch 64, 10 steps, median of 5):
@@ -74,8 +75,8 @@ import numpy as np
 import torch
 
 from hfl.common.models import build, get_flat, init_parameters
-from hfl.common.privacy.per_example import (_bookkeeping_layers, bookkeeping_clipped_sum, dp_sgd,
-                                            per_example_gradients)
+from hfl.common.privacy.dpsgd import dp_sgd
+from hfl.common.privacy.per_example import _bookkeeping_layers, bookkeeping_clipped_sum, per_example_gradients
 from hfl.common.secret_random import dp_draws
 from hfl.device_client.training import local_sgd, make_shard
 

@@ -23,7 +23,7 @@ Since the CNNs' channels-last max-pooling (benchmarks/reports/pooling.md) the ro
 the same medium is a larger share: three runs on 86d4e49, 2026-11-28 14:53-14:56 UTC, 11.6%, 11.0%, 11.3% (medium
 0.37-0.40 s wall a round, training 6.0 s CPU): over the target again (benchmarks/reports/issue25-status-2026-11-28.md
 says where a slot's 51 ms go and what would close it).
-The lanes' normals from numpy's SFC64 through Box-Muller (ota._LaneNormals) and the exact mean on the medium's threads:
+The lanes' normals from numpy's SFC64 through Box-Muller (lanes._LaneNormals) and the exact mean on the medium's threads:
 in turn with the commit before, three runs each, 11.2, 10.5, 12.0% -> 10.1, 10.2, 9.9% (medium 0.37-0.42 -> 0.33-0.35 s
 wall a round).
 
@@ -50,7 +50,7 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from hfl.common.channel import ota  # noqa: E402
+from hfl.common.channel import lanes, ota  # noqa: E402
 from hfl.common.channel.geometry import matern_cluster  # noqa: E402
 from hfl.common.channel.ota import OtaParams  # noqa: E402
 from hfl.common.channel.power import normalise  # noqa: E402
@@ -165,13 +165,13 @@ def paper003(repeats: int, medium_threads: int, downlink: str) -> dict:
             local_sgd(model, w, shard, cfg.train.lr, cfg.train.batch_size, gen, steps=cfg.train.tau + cfg.train.gamma)
 
     def medium_one_thread():
-        ota.medium_threads(1)
+        lanes.medium_threads(1)
         try:
             medium_round()
         finally:
-            ota.medium_threads(threads)
+            lanes.medium_threads(threads)
 
-    threads = ota.medium_threads(medium_threads)
+    threads = lanes.medium_threads(medium_threads)
     fns = {"medium": medium_round, "medium_1_thread": medium_one_thread, "devices_air": devices_air,
            "training": training}
     medium_round()  # warm-up (and the rows devices_air reads)

@@ -27,7 +27,7 @@ do not) / the reference's median round (rounds after the first); start-up (launc
 checkpoint) and the peak summed PSS of every process of the testbed.
 
 --mechanism-reference (workloads with local DP-SGD phases: 002) makes the reference run each device's DP-SGD(-WAV)
-steps as its host does (privacy.per_example.dp_sgd with the phase's lots, clip and scope) instead of plain SGD, so the
+steps as its host does (privacy.dpsgd.dp_sgd with the phase's lots, clip and scope) instead of plain SGD, so the
 ratio measures the emulator alone, not the mechanism's own cost (which bench_dpsgd.py measures against plain SGD).
 """
 from __future__ import annotations
@@ -129,12 +129,12 @@ def _mechanism_setup(cfg, shards, mean, std) -> tuple[str, list[dict], list]:
 
 def _mechanism_steps(cfg, model, state: dict, shard, mechanism: str, phases: list[dict], device: int,
                      rnd: int) -> None:
-    """One device's round of the mechanism itself, as its host runs it (privacy.per_example.dp_sgd on the phase's
+    """One device's round of the mechanism itself, as its host runs it (privacy.dpsgd.dp_sgd on the phase's
     lots, clip and wavelet scope, the lots and noise from the AES-CTR keystream), into `model`. The noise multiplier
     is 1: the cloud calibrates it, and its value does not change the cost."""
     from hfl.common.models import get_flat, set_flat
     from hfl.common.privacy import optimizers
-    from hfl.common.privacy.per_example import dp_sgd
+    from hfl.common.privacy.dpsgd import dp_sgd
     from hfl.common.secret_random import dp_draws
 
     model.load_state_dict(state)

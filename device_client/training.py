@@ -12,7 +12,7 @@ from hfl.common.models import get_flat, set_flat
 from hfl.common.privacy import optimizers
 from hfl.common.privacy.events import DpRecord
 from hfl.common.privacy.instructions import Instruction
-from hfl.common.privacy.per_example import dp_sgd
+from hfl.common.privacy.dpsgd import dp_sgd
 from hfl.common.shard import Shard, evaluate, make_shard  # noqa: F401 - the device's data and the shared evaluation
 
 

@@ -3,7 +3,7 @@ mechanism's noise calibration, at the level of ONE release.
 
 The run's own privacy policy (cloud_server.privacy_policy) calibrates the noise exactly as `hfl run` would; the
 audit then applies the emulator's own functions to a canary and to nothing, `--trials` times each:
-- sample level (dp-sgd, dp-sgd-wav): per_example.example_norms / clip_factors / noisy_sum, the code of dp_sgd, on
+- sample level (dp-sgd, dp-sgd-wav): per_example.example_norms / clip_factors, dpsgd.noisy_sum, the code of dp_sgd, on
   a gradient canary (one example's clipped gradient; white-box, the other examples' known sum cancels). For the
   gaussian mechanism dp_sgd clips through the book-keeping sum (same factors, no per-example rows; its equality with
   the per-example path is a unit test), so the audit covers its clip through that equality;
@@ -69,7 +69,7 @@ def _sample_release(policy, edge, noise, sizes, breaking: float):
     """Batched release of one DP-SGD lot: the canary's clipped gradient (or nothing) plus the lot's noise."""
     import torch
 
-    from hfl.common.privacy import audit, per_example
+    from hfl.common.privacy import audit, dpsgd, per_example
     from hfl.common.privacy.wavelet import WaveletLayout
 
     p = policy.p
@@ -86,12 +86,12 @@ def _sample_release(policy, edge, noise, sizes, breaking: float):
     rows = torch.from_numpy(canary.astype(np.float32))[None, :]
     scale = per_example.clip_factors(per_example.example_norms(rows, layout, calibration, segments), bounds)
     clipped = per_example.clipped_sum(rows, scale, segments)
-    scales = per_example.noise_scales(z, setting.sensitivity, layout) / breaking
+    scales = dpsgd.noise_scales(z, setting.sensitivity, layout) / breaking
 
     def release(rng: np.random.Generator, with_canary: bool, count: int) -> np.ndarray:
         gen = dp_draws(policy.p.noise_source, policy.cfg.run.seed, "device", 0, 0, "audit")  # the device's
         total = clipped.repeat(count, 1) if with_canary else torch.zeros(count, clipped.numel())
-        return per_example.noisy_sum(total, scales, layout, gen).double().numpy()
+        return dpsgd.noisy_sum(total, scales, layout, gen).double().numpy()
 
     shift = clipped.double().numpy()
     score = audit.wavelet_lr_score(layout, shift) if layout is not None else audit.projection_score(shift)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import ota
+from . import lanes, ota
 from .plane import Plane, device_estimates, passes_th0, slot_id
 
 
@@ -80,7 +80,7 @@ def air_slot(plane: Plane, round_: int, step: int, group: bool, payloads: np.nda
     weights = np.zeros((C, tx.size))
     weights[cluster_of_tx, np.arange(tx.size)] = sigma
     total = float(np.sum(samples)) if samples is not None else tx.size  # sum D_y, or |A|
-    ideal = ((ota.row_combination(sigma, payloads) + np.float32(mu.sum())) / np.float32(total)) if tx.size else None
+    ideal = ((lanes.row_combination(sigma, payloads) + np.float32(mu.sum())) / np.float32(total)) if tx.size else None
     if group:
         n_active = np.full(listen.size, counts.sum())
         sigma_sum, mu_mean = np.full(listen.size, sig.sum()), np.full(listen.size, mus.sum() / (counts.sum() or 1.0))

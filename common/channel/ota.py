@@ -7,24 +7,18 @@ real vectors s_bar of eqs. 12-13. The medium functions are pure: every fading dr
 """
 from __future__ import annotations
 
-import os
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 from scipy.special import exp1
 
-from ..secret_random import box_muller
 from .fading import rayleigh
 from .geometry import Topology
+from .lanes import measure_then_add, standard_normals, triangular_rows
+from .lanes import medium_threads  # noqa: F401  (cloud_server/medium.py sets it as ota.medium_threads)
 from .power import active_mask, inversion_coefficient, inversion_rho
 
 PSI_MODES = ("paper", "corrected", "empirical")
-TRIANGLE_BLOCK = 48  # rows per block of the triangular product (_into_rows): two blocks for 45 listeners
-MEASURE_COLUMNS = 8192  # columns per block where the rows' powers are measured and the own part added
-COLUMN_BLOCK = 4096  # columns per block of the folded draws and product (the block's rows stay in cache)
-LANES = 4  # generators a slot's draws are split over (block b in lane b % LANES), whatever the threads
 INTERFERER_MODES = ("explicit", "aggregate", "independent")
 
 
@@ -311,110 +305,6 @@ def gaussian_superposition(gains: np.ndarray, d: int, rng: np.random.Generator, 
     return out[:n_rx] + 1j * out[n_rx:]
 
 
-def _lane_seeds(rng: np.random.Generator) -> np.ndarray:
-    """One 128-bit seed per lane (LANES rows of 2 words), drawn from `rng` in one call (so from the slot's seeded
-    stream)."""
-    return rng.integers(0, 2 ** 64, size=(LANES, 2), dtype=np.uint64)
-
-
-def _lane_blocks(lane: int, d: int):
-    """The (start, stop) column blocks of a lane, in the order its generator fills them."""
-    return [(c0, min(d, c0 + COLUMN_BLOCK)) for c0 in range(lane * COLUMN_BLOCK, d, LANES * COLUMN_BLOCK)]
-
-
-class _LaneNormals:
-    """A lane's N(0, 1) float32 sampler: numpy's SFC64 words (random_raw releases the GIL) through the Box-Muller of
-    the DP draws (secret_random.box_muller). Per value, 2026-11-28: 2.35 ns on one thread, 1.20 ns on two; torch's
-    mt19937 normal_ (used before) 3.39 and 1.70 ns; the AES keystream 1.86 and 1.37 ns (it holds the GIL). A slot of
-    paper 003's downlink draws 10.1M of them."""
-
-    def __init__(self, seed):
-        self._bits = np.random.SFC64(np.random.SeedSequence([int(w) for w in np.asarray(seed).reshape(-1)]))
-
-    def fill(self, out: np.ndarray) -> None:
-        """Fill the C-contiguous float32 array `out` with iid N(0, 1)."""
-        if not out.flags.c_contiguous or out.dtype != np.float32:
-            raise ValueError("_LaneNormals.fill needs a C-contiguous float32 array")
-        flat = out.reshape(-1)
-        k = -(-flat.size // 2)
-        words = self._bits.random_raw(k).view(np.uint32)  # 2k words: k for the radii, k for the angles
-        box_muller(words[:k], words[k:], flat)
-
-
-def standard_normals(rng: np.random.Generator, out: np.ndarray) -> np.ndarray:
-    """Fill float32 `out` [r, d] with iid N(0, 1): column blocks of COLUMN_BLOCK columns dealt round-robin to LANES
-    lanes, each lane's blocks filled in turn from its own generator (_lane_seeds), each block drawn as a C-contiguous
-    [r, width] array: the same values _into_rows draws, on however many threads."""
-    for lane, seed in enumerate(_lane_seeds(rng)):
-        gen = _LaneNormals(seed)
-        for c0, c1 in _lane_blocks(lane, out.shape[1]):
-            block = np.empty((out.shape[0], c1 - c0), dtype=np.float32)
-            gen.fill(block)
-            out[:, c0:c1] = block
-    return out
-
-
-def row_combination(weights: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """weights @ rows ([k] @ [k, d], float32) by column blocks of MEASURE_COLUMNS on medium_threads() threads (each
-    column's sum is the same whatever the threads)."""
-    weights = np.ascontiguousarray(weights, dtype=np.float32)
-    d = rows.shape[1]
-    out = np.empty(d, dtype=np.float32)
-
-    def block(b: int) -> None:
-        c0, c1 = b * MEASURE_COLUMNS, min(d, (b + 1) * MEASURE_COLUMNS)
-        np.matmul(weights, rows[:, c0:c1], out=out[c0:c1])
-
-    _over_blocks(block, -(-d // MEASURE_COLUMNS))
-    return out
-
-
-_POOL: dict = {}
-_POOL_LOCK = threading.Lock()
-
-
-def _forget_pool() -> None:
-    # nodes are forked from a preloaded forkserver: a child inherits the pool object but none of its threads
-    _POOL.pop("executor", None)
-    global _POOL_LOCK
-    _POOL_LOCK = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_pool)
-
-
-def _default_threads() -> int:
-    return min(4, os.cpu_count() or 1)
-
-
-def medium_threads(n: int | None = None) -> int:
-    """Threads that share the medium's column blocks (set once per process: the cloud sets channel.medium_threads;
-    0 sets the default: the machine's cores, up to 4, since the devices wait at the slot's barrier). The rows do not
-    depend on it."""
-    with _POOL_LOCK:
-        if n is not None:
-            _POOL["threads"] = int(n) if n > 0 else _default_threads()
-            old = _POOL.pop("executor", None)
-            if old is not None:
-                old.shutdown(wait=False)
-        return _POOL.setdefault("threads", _default_threads())
-
-
-def _over_blocks(work, blocks: int) -> None:
-    """work(b) for b in range(blocks), on medium_threads() threads (numpy's BLAS and SFC64's random_raw release the
-    GIL): thread t takes b = t, t + threads, ...; each b must write only its own columns."""
-    threads = min(medium_threads(), blocks)
-    if threads <= 1:
-        for b in range(blocks):
-            work(b)
-        return
-    with _POOL_LOCK:
-        pool = _POOL.get("executor")
-        if pool is None:
-            pool = _POOL["executor"] = ThreadPoolExecutor(_POOL["threads"], thread_name_prefix="medium")
-    list(pool.map(lambda t: [work(b) for b in range(t, blocks, threads)], range(threads)))
-
-
 def folds(mode: str, noise_var: float, n_rx: int) -> bool:
     """Whether interference_and_noise draws interference and noise as one joint Gaussian (folded_factor)."""
     return mode == "aggregate" and noise_var > 0 and n_rx > 0
@@ -613,7 +503,7 @@ def uplink_rows(payloads: np.ndarray, tx_devices, topology: Topology, slot: int,
         _add_complex(rows, interference_and_noise(gi, d, rng, params.interferers, params.chunk, noise_var)[0])
     own = np.zeros((2 * n, t), dtype=np.float32)
     own[0::2] = np.sqrt(rho) * is_own  # towards its own edge an active device's gain is exactly sqrt(rho)
-    power, signal_power = _measure_then_add(rows, own, payloads)
+    power, signal_power = measure_then_add(rows, own, payloads)
     interference_power = np.maximum(power / d - (noise_var if folded else 0.0), 0.0)
     if noise_var > 0 and not folded:
         _add_complex(rows, awgn((n, d), noise_var, rng))
@@ -625,60 +515,16 @@ def _into_rows(left: np.ndarray, head: np.ndarray, folded_gains, noise_var: floa
                project: np.ndarray | None = None) -> np.ndarray:
     """[R, d] float32 rows = left @ [head; W] (R = left's rows): head [k, d] (payloads, or the edges' interleaved
     signals) and, where folded_gains is given, W iid N(0, 1) [R, d] (standard_normals' values) behind the factor
-    left[:, k:] = folded_factor(folded_gains, noise_var, project). By column blocks, the LANES lanes on
-    medium_threads() threads, each block's normals drawn into a cache-sized scratch under its head columns. The
-    factor is lower triangular, so the product goes by blocks of rows, each over only the head and the W rows its
-    block reaches: about half of the W part's multiply-adds (~R^2 / 2 instead of R^2 a column)."""
+    left[:, k:] = folded_factor(folded_gains, noise_var, project). The factor is lower triangular: the product and
+    the draws go by the lanes' column blocks on the medium's threads (lanes.triangular_rows)."""
     k, d = head.shape[0], head.shape[-1]
     head = head.reshape(k, d)
-    flat = np.empty((left.shape[0], d), dtype=np.float32)
     if folded_gains is None:
+        flat = np.empty((left.shape[0], d), dtype=np.float32)
         np.matmul(left, head, out=flat)
         return flat
     left[:, k:] = folded_factor(folded_gains, noise_var, project)
-    seeds = _lane_seeds(rng)
-
-    def lane(j: int) -> None:
-        gen, stack = _LaneNormals(seeds[j]), None
-        for c0, c1 in _lane_blocks(j, d):
-            if stack is None or stack.shape[1] != c1 - c0:
-                stack = np.empty((left.shape[1], c1 - c0), dtype=np.float32)
-            stack[:k] = head[:, c0:c1]
-            gen.fill(stack[k:])  # rows k.. of a C-contiguous block: contiguous
-            for r0 in range(0, flat.shape[0], TRIANGLE_BLOCK):
-                r1 = min(flat.shape[0], r0 + TRIANGLE_BLOCK)
-                np.matmul(left[r0:r1, :k + r1], stack[:k + r1], out=flat[r0:r1, c0:c1])
-
-    _over_blocks(lane, LANES)
-    return flat
-
-
-def _measure_then_add(rows: np.ndarray, own: np.ndarray, head: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per receiver, ||rows_i||^2 as they are, then rows += own @ head and ||(own @ head)_i||^2: one pass over the
-    [n, 2, d] rows by blocks of MEASURE_COLUMNS columns on medium_threads() threads (each block's sums in float32
-    while it is in cache, added in float64 in the blocks' order, so the sums do not depend on the threads).
-    rows [n, 2, d] float32; own [2 n, k]; head [k, d]."""
-    n, d = rows.shape[0], rows.shape[-1]
-    flat = rows.reshape(2 * n, d)
-    head = head.reshape(-1, d)
-    # the small products by einsum's own loop, not BLAS: numpy's BLAS would wake its threads for each block and spin
-    # them (~10x the CPU time on the shared 2 cores), and torch's gemm is not bitwise repeatable across runs (a seeded
-    # run must repeat exactly: tests/integration/test_medium.py)
-    own = np.ascontiguousarray(own, dtype=np.float32)
-    blocks = -(-d // MEASURE_COLUMNS)
-    sums = np.zeros((blocks, 2, 2 * n))  # per block: the rows' power as they were, the own part's power
-
-    def block(b: int) -> None:
-        c0, c1 = b * MEASURE_COLUMNS, min(d, (b + 1) * MEASURE_COLUMNS)
-        part = flat[:, c0:c1]
-        sums[b, 0] = np.einsum("ij,ij->i", part, part)
-        add = np.einsum("ik,kj->ij", own, head[:, c0:c1])
-        sums[b, 1] = np.einsum("ij,ij->i", add, add)
-        part += add
-
-    _over_blocks(block, blocks)
-    power, own_power = sums.sum(axis=0)
-    return power.reshape(n, 2).sum(axis=1), own_power.reshape(n, 2).sum(axis=1)
+    return triangular_rows(left, head, rng)
 
 
 def _add_complex(rows: np.ndarray, z: np.ndarray) -> None:
@@ -812,7 +658,7 @@ def broadcast_rows(edge_signals: np.ndarray, tx_edges, rx_devices, topology: Top
         if others_gains is not None and not folded:
             _add_complex(rows, interference_and_noise(others_gains, d, rng, params.interferers, params.chunk,
                                                       noise_var)[0])
-        power, _ = _measure_then_add(rows, _interleaved(np.where(is_own, g, 0.0)), head)
+        power, _ = measure_then_add(rows, _interleaved(np.where(is_own, g, 0.0)), head)
         interference_power = np.maximum(power / d - (noise_var if folded else 0.0), 0.0)
     own_col = np.argmax(is_own, axis=1)
     a2 = np.where(is_own[np.arange(n), own_col], np.abs(g[np.arange(n), own_col]) ** 2, 0.0)

@@ -41,10 +41,6 @@ class NoiseSetting:
     delta: float
     accountant: str
 
-    def stage_params(self) -> dict[str, float]:
-        """Parameters for the `gaussian` / `laplace` pipeline stage (std is recomputed there from z x sensitivity)."""
-        return {"noise_multiplier": self.noise_multiplier, "sensitivity": self.sensitivity}
-
     def record(self, node: str, covers: Sequence[str], round_: int, count: int = 1) -> DpRecord:
         return DpRecord(tier=self.tier, node=node, covers=tuple(covers), mechanism=self.mechanism,
                         noise_multiplier=self.noise_multiplier, sensitivity=self.sensitivity,

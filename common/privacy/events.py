@@ -133,10 +133,6 @@ class DpRecord:
         return dataclasses.replace(self, **changes)
 
 
-def is_dp_params(params: Mapping[str, float]) -> bool:
-    return (_PREFIX + "noise_multiplier") in params
-
-
 def accounting_event(mechanism: str, noise_multiplier: float, sampling_rate: float = 1.0, count: int = 1,
                      population: int = 0):
     """dp_accounting event: Gaussian or Laplace, Poisson-subsampled when rate < 1 (or sampled without

@@ -212,12 +212,6 @@ class WaveletLayout:
             return torch.stack(parts, dim=1)
         return np.stack(parts, axis=1)
 
-    def weights_like(self, like):
-        if _is_torch(like):
-            import torch
-            return torch.as_tensor(self.weights, dtype=like.dtype, device=like.device)
-        return self.weights.astype(like.dtype if np.issubdtype(like.dtype, np.floating) else np.float64)
-
 
 def coefficient_norms(h, weights, calibration: str = "sound"):
     """Per-row L2 norm of the coefficients the calibration clips: ||W (.) H|| (sound) or ||H|| (paper)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .packing import MAX_WIDTH, width_for
+from .sq import check_vector
 
 MAX_LEVELS = (1 << (MAX_WIDTH - 1)) - 1
 
@@ -62,15 +63,6 @@ def _float32_norms(rows: np.ndarray) -> np.ndarray:
     return rounded
 
 
-def _check_vector(x) -> np.ndarray:
-    x = np.asarray(x, dtype=np.float64)
-    if x.ndim != 1:
-        raise ValueError(f"vec must be one-dimensional, got shape {x.shape}")
-    if not np.isfinite(x).all():
-        raise ValueError("vec must be finite (no NaN or inf)")
-    return x
-
-
 def _scaled(x: np.ndarray, levels: int, bucket_size: int) -> tuple[np.ndarray, np.ndarray]:
     """(float32 norms per bucket, a_i s as float64): in place on one buffer (each fresh array of this size costs its
     page faults as much as the arithmetic)."""
@@ -86,7 +78,7 @@ def _scaled(x: np.ndarray, levels: int, bucket_size: int) -> tuple[np.ndarray, n
 
 def qsgd_quantize(x, levels: int, rng: np.random.Generator, bucket_size: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Paper 001, QSGD example after Assumption 1: returns (float32 norms per bucket, uint32 codes)."""
-    x = _check_vector(x)
+    x = check_vector(x)
     levels, bucket_size = check_levels(levels), check_bucket_size(bucket_size)
     norms, scaled = _scaled(x, levels, bucket_size)
     lower = np.floor(scaled)
@@ -128,7 +120,7 @@ def relative_error(x, quantized) -> float:
 
 def qsgd_expected_relative_error(x, levels: int, bucket_size: int = 0) -> float:
     """E||Q_s(x) - x||^2 / ||x||^2 = sum_b ||x_b||^2 / s^2 * sum_i p_i (1 - p_i) / ||x||^2 (digest 001, 9.6)."""
-    x = _check_vector(x)
+    x = check_vector(x)
     levels, bucket_size = check_levels(levels), check_bucket_size(bucket_size)
     energy = float(x @ x)
     if energy == 0:

@@ -4,7 +4,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from hfl.common.channel import ota
+from hfl.common.channel import lanes, ota
 from hfl.common.channel.fading import rayleigh
 from hfl.common.channel.geometry import matern_cluster
 from hfl.common.channel.ota import OtaParams
@@ -329,11 +329,11 @@ def test_the_triangular_product_by_blocks_equals_the_full_product(monkeypatch, b
     head = rng.normal(size=(6, 777)).astype(np.float32)
     left = np.zeros((18, 6 + 18), dtype=np.float32)
     left[:, :6] = rng.normal(size=(18, 6))
-    monkeypatch.setattr(ota, "TRIANGLE_BLOCK", block)
+    monkeypatch.setattr(lanes, "TRIANGLE_BLOCK", block)
     rows = ota._into_rows(left.copy(), head, gains, 1e-3, np.random.default_rng(19))
     factor = ota.folded_factor(gains, 1e-3)
     assert np.array_equal(factor, np.tril(factor))
-    w = ota.standard_normals(np.random.default_rng(19), np.empty((18, 777), dtype=np.float32))
+    w = lanes.standard_normals(np.random.default_rng(19), np.empty((18, 777), dtype=np.float32))
     want = left[:, :6] @ head + factor @ w
     assert np.abs(rows.reshape(18, 777) - want).max() <= 1e-5 * np.abs(want).max()
 
@@ -455,7 +455,7 @@ def test_the_rows_do_not_depend_on_the_medium_threads(phase):
     # the same rows and powers bit for bit, on the uplink and the downlink (d spans several blocks and a partial one)
     top = _topology()
     params = OtaParams(interferers="aggregate", sigma_dn2=2e-8, sigma_en2=2e-8)
-    d = 3 * ota.COLUMN_BLOCK + 777
+    d = 3 * lanes.COLUMN_BLOCK + 777
     tx = _active_tx(top, SLOT, params)
     payloads = np.random.default_rng(27).normal(size=(tx.size, d)).astype(np.float32)
     devices = top.collaborating_devices[:12]
@@ -463,13 +463,13 @@ def test_the_rows_do_not_depend_on_the_medium_threads(phase):
     runs = []
     try:
         for threads in (1, 3):
-            ota.medium_threads(threads)
+            lanes.medium_threads(threads)
             up = ota.uplink_rows(payloads, tx, top, SLOT, SEED, params, np.random.default_rng(29))
             down = ota.broadcast_rows(up.received, np.arange(top.collaborating), devices, top, SLOT, SEED, params,
                                       np.random.default_rng(30), angles)
             runs.append((up, down))
     finally:
-        ota.medium_threads(0)
+        lanes.medium_threads(0)
     (u1, d1), (u3, d3) = runs
     assert np.array_equal(u1.received, u3.received) and np.array_equal(d1.received, d3.received)
     assert np.array_equal(u1.interference_power, u3.interference_power)
@@ -484,17 +484,17 @@ def test_a_forked_child_gets_its_own_medium_threads():
 
     top = _topology()
     params = OtaParams(interferers="aggregate", sigma_dn2=2e-8)
-    signals = np.random.default_rng(31).normal(size=(top.collaborating, 2, 2 * ota.COLUMN_BLOCK)).astype(np.float32)
+    signals = np.random.default_rng(31).normal(size=(top.collaborating, 2, 2 * lanes.COLUMN_BLOCK)).astype(np.float32)
     devices = top.collaborating_devices[:6]
     args = (signals, np.arange(top.collaborating), devices, top, SLOT, SEED, params)
     try:
-        ota.medium_threads(2)
+        lanes.medium_threads(2)
         want = ota.broadcast_rows(*args, np.random.default_rng(32)).received  # the parent's pool exists now
         ctx = mp.get_context("fork")
         with ctx.Pool(1) as pool:
             got = pool.apply_async(_rows_in_child, (args,)).get(timeout=30)
     finally:
-        ota.medium_threads(0)
+        lanes.medium_threads(0)
     assert np.array_equal(got, want)
 
 
@@ -503,42 +503,42 @@ def _rows_in_child(args):
 
 
 def test_lane_normals_are_standard_normal_and_repeat_from_their_seed():
-    # ota._LaneNormals (SFC64 words through Box-Muller): for 400,000 draws the mean is within 5 standard errors of 0
+    # lanes._LaneNormals (SFC64 words through Box-Muller): for 400,000 draws the mean is within 5 standard errors of 0
     # (5 / sqrt(n) = 0.008), the variance within 5 of 1 (sqrt(2 / n) x 5 = 0.011), the kurtosis within 0.05 of 3 and
     # the tails as N(0, 1)'s: P(|z| > 3) = 0.0027 within 15% (n p = 1,080 expected); the same seed gives the same
     # values, another seed others; an odd length and a non-contiguous array
     seed = np.array([3, 5], dtype=np.uint64)
     out = np.empty((400, 1000), dtype=np.float32)
-    ota._LaneNormals(seed).fill(out)
+    lanes._LaneNormals(seed).fill(out)
     z = out.astype(np.float64).reshape(-1)
     assert abs(z.mean()) < 5 / np.sqrt(z.size)
     assert abs(z.var() - 1.0) < 5 * np.sqrt(2 / z.size)
     assert abs(np.mean(z ** 4) / z.var() ** 2 - 3.0) < 0.05
     assert abs(np.mean(np.abs(z) > 3) / 0.0026998 - 1) < 0.15
     again = np.empty_like(out)
-    ota._LaneNormals(seed).fill(again)
+    lanes._LaneNormals(seed).fill(again)
     assert np.array_equal(out, again)
     other = np.empty_like(out)
-    ota._LaneNormals(np.array([3, 6], dtype=np.uint64)).fill(other)
+    lanes._LaneNormals(np.array([3, 6], dtype=np.uint64)).fill(other)
     assert not np.array_equal(out, other)
     odd = np.empty(7, dtype=np.float32)
-    ota._LaneNormals(seed).fill(odd)
+    lanes._LaneNormals(seed).fill(odd)
     assert np.isfinite(odd).all()
     with pytest.raises(ValueError, match="C-contiguous float32"):
-        ota._LaneNormals(seed).fill(np.empty((4, 6), dtype=np.float32)[:, ::2])
+        lanes._LaneNormals(seed).fill(np.empty((4, 6), dtype=np.float32)[:, ::2])
 
 
 @pytest.mark.parametrize("threads", [1, 3])
 def test_row_combination_is_the_weighted_sum_on_any_threads(threads):
     rng = np.random.default_rng(41)
-    rows = rng.normal(size=(45, 2 * ota.MEASURE_COLUMNS + 123)).astype(np.float32)
+    rows = rng.normal(size=(45, 2 * lanes.MEASURE_COLUMNS + 123)).astype(np.float32)
     weights = rng.uniform(0.5, 2.0, 45)
     try:
-        ota.medium_threads(1)
-        one = ota.row_combination(weights, rows)
-        ota.medium_threads(threads)
-        got = ota.row_combination(weights, rows)
+        lanes.medium_threads(1)
+        one = lanes.row_combination(weights, rows)
+        lanes.medium_threads(threads)
+        got = lanes.row_combination(weights, rows)
     finally:
-        ota.medium_threads(0)
+        lanes.medium_threads(0)
     assert got.dtype == np.float32 and np.array_equal(got, one)
     assert np.allclose(got, weights @ rows.astype(np.float64), rtol=1e-5, atol=1e-4)

@@ -8,7 +8,7 @@ import torch
 from scipy import stats
 
 from hfl.common.models import build, get_flat, init_parameters
-from hfl.common.privacy import per_example
+from hfl.common.privacy import dpsgd
 from hfl.common.secret_random import CipherDraws, CipherGenerator, box_muller, dp_draws, dp_numpy_rng
 from hfl.device_client.training import make_shard
 
@@ -71,7 +71,7 @@ def test_uniforms_and_lots():
 
 def test_noisy_sum_on_the_keystream_has_the_stated_std():
     total = torch.zeros(200_000)
-    out = per_example.noisy_sum(total, torch.full((1,), 2.0), None, CipherDraws(KEY), torch.empty(200_000))
+    out = dpsgd.noisy_sum(total, torch.full((1,), 2.0), None, CipherDraws(KEY), torch.empty(200_000))
     assert abs(out.double().std().item() - 2.0) < 5 * 2.0 / math.sqrt(2 * 200_000)
 
 
@@ -80,7 +80,7 @@ def _dp_run(draws):
     init_parameters(model, torch.Generator().manual_seed(0))
     rng = np.random.default_rng(0)
     shard = make_shard(rng.integers(0, 256, (64, 1, 28, 28), dtype=np.uint8), rng.integers(0, 10, 64), [0.5], [0.25])
-    w, _, _ = per_example.dp_sgd(model, get_flat(model), shard, 0.1, 3, 0.5, 1.0, 1.0, "gaussian", draws, lot="poisson")
+    w, _, _ = dpsgd.dp_sgd(model, get_flat(model), shard, 0.1, 3, 0.5, 1.0, 1.0, "gaussian", draws, lot="poisson")
     return w
 
 
@@ -94,16 +94,16 @@ def test_dp_sgd_replays_seeded_draws_and_not_secret_ones():
 
 def test_dp_sgd_draws_each_steps_noise_afresh_when_it_draws_several_steps_at_once():
     """Noise-only steps (lots of rate 1e-9 are empty; lr = the expected lot, so a step moves theta by -noise): the
-    linear model's 8 steps come from one block of 8 rows (per_example.NOISE_BLOCK), and their sum has variance 8 per
+    linear model's 8 steps come from one block of 8 rows (dpsgd.NOISE_BLOCK), and their sum has variance 8 per
     coordinate (sigma S = 1), within 5 standard errors (8 sqrt(2 / 7850)); rows repeated would give 64."""
-    assert per_example.NOISE_BLOCK // 7850 >= 8
+    assert dpsgd.NOISE_BLOCK // 7850 >= 8
     model = build("linear", (1, 28, 28), 10)
     init_parameters(model, torch.Generator().manual_seed(0))
     rng = np.random.default_rng(0)
     shard = make_shard(rng.integers(0, 256, (64, 1, 28, 28), dtype=np.uint8), rng.integers(0, 10, 64), [0.5], [0.25])
     w0 = get_flat(model)
     q = 1e-9
-    w, _, _ = per_example.dp_sgd(model, w0, shard, q * 64, 8, q, 1.0, 1.0, "gaussian", CipherDraws(KEY), lot="poisson")
+    w, _, _ = dpsgd.dp_sgd(model, w0, shard, q * 64, 8, q, 1.0, 1.0, "gaussian", CipherDraws(KEY), lot="poisson")
     moved = (w.astype(np.float64) - w0)
     assert abs(moved.var() - 8) < 5 * 8 * math.sqrt(2 / moved.size)
 

@@ -6,12 +6,14 @@ import torch
 from torch import nn
 
 from hfl.common.models import build, get_flat, init_parameters
-from hfl.common.privacy.per_example import (_BLOCK_MAX, _bookkeeping_layers, _bookkeeping_parts, _grouped_levels,
-                                            blocked_inverse_noise, bookkeeping_clipped_sum, compact_scales,
-                                            per_level_scales, clip_factors, clipped_sum, dp_sgd, example_norms,
-                                            fine_coefficient_index, haar_inverse_prefix, layer_sizes,
-                                            needed_coefficients, noise_scales, noisy_sum, per_example_gradients,
-                                            wavelet_noise, wavelet_part_norms)
+from hfl.common.privacy.dpsgd import dp_sgd, noise_scales, noisy_sum
+from hfl.common.privacy.per_example import (_bookkeeping_layers, _bookkeeping_parts, bookkeeping_clipped_sum,
+                                            clip_factors, clipped_sum, example_norms, layer_sizes,
+                                            per_example_gradients)
+from hfl.common.privacy.wavelet_noise import (blocked_inverse_noise, compact_scales, fine_coefficient_index,
+                                              haar_inverse_prefix, needed_coefficients, per_level_scales,
+                                              wavelet_noise)
+from hfl.common.privacy.wavelet_norms import _BLOCK_MAX, _grouped_levels, wavelet_part_norms
 from hfl.common.privacy.wavelet import WaveletLayout, haar_inverse
 from hfl.device_client.training import make_shard
 

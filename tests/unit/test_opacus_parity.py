@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from hfl.common.models import get_flat
-from hfl.common.privacy.per_example import _bookkeeping_layers, bookkeeping_clipped_sum, dp_sgd
+from hfl.common.privacy.dpsgd import dp_sgd
+from hfl.common.privacy.per_example import _bookkeeping_layers, bookkeeping_clipped_sum
 
 pytest.importorskip("opacus", reason="opacus is the optional `bench` extra (pip install -e '.[bench]'), not installed")
 

@@ -6,9 +6,9 @@ import torch
 from torch.nn import functional as F
 
 from hfl.common.models import build, get_flat, init_parameters
-from hfl.common.privacy.per_example import (_bookkeeping_layers, accounting, bookkeeping_clipped_sum, clip_factors,
-                                            clip_rows, clipped_sum, dp_event, dp_sgd, draw_lot, layer_sizes,
-                                            per_example_gradients, row_norms)
+from hfl.common.privacy.dpsgd import accounting, dp_event, dp_sgd, draw_lot
+from hfl.common.privacy.per_example import (_bookkeeping_layers, bookkeeping_clipped_sum, clip_factors, clip_rows,
+                                            clipped_sum, layer_sizes, per_example_gradients, row_norms)
 from hfl.common.privacy.wavelet import WaveletLayout, element_noise_variance
 from hfl.device_client.training import local_sgd, make_shard
 

@@ -252,7 +252,7 @@ def cmd_sweep(args) -> int:
     from hfl.sweep import run_sweep
 
     return run_sweep(args.spec, args.out, jobs=args.jobs, dry_run=args.dry_run, quiet=args.quiet,
-                     only_report=args.report_only)
+                     only_report=args.report_only, cluster=args.cluster)
 
 
 def _add_tls_args(p: argparse.ArgumentParser) -> None:
@@ -299,6 +299,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no live progress, one line per finished run")
     p.add_argument("--report-only", action="store_true",
                    help="run nothing: evaluate the spec's claims on OUT/results.json and rewrite results.md/.json")
+    p.add_argument("--cluster", metavar="ADDRESS", help="run every run as a task on a Ray cluster (HOST:PORT of its "
+                   "head, or auto: $RAY_ADDRESS); needs the cluster extra; see docs/cluster.md")
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("cloud", help="start the cloud server (drives the run)")

@@ -29,6 +29,10 @@ A spec (paths relative to the spec file):
     metric = "final_accuracy"
     cells = ["nodp", "p1", "p05", "hfldp"]
 
+    [cluster]                           # optional, `hfl sweep --cluster` only (hfl/cluster.py): what one run
+    cpus = 4                            # reserves on a Ray node (default: one CPU and 0.5 GiB per role process);
+    memory_gb = 2                       # a variant or the grid overrides it per run with "cluster.cpus" = 8
+
 A runner other than testbed takes its own sections out of the cell's keys (runner dlg: `attack.*`, the settings of
 `hfl attack dlg`) and has its own default [report] and extra report sections.
 
@@ -52,12 +56,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hfl import claims as claims_mod
+from hfl import cluster as cluster_mod  # imports Ray only when a sweep runs on a cluster
 from hfl import runners as runners_mod
 from hfl import families  # noqa: F401  (a spec's configs name their sections and algorithms)
 from hfl.common import config as config_mod
 from hfl.common import metrics
 
-SPEC_KEYS = ("name", "description", "config", "runner", "seeds", "base", "grid", "variants", "report", "claim")
+SPEC_KEYS = ("name", "description", "config", "runner", "seeds", "base", "grid", "variants", "report", "claim",
+             "cluster")
 REPORT_KEYS = ("fields", "curves", "x", "group_by", "target", "audit")
 DEFAULT_REPORT = {"fields": ["final_accuracy"], "curves": ["accuracy"], "x": ["round", "emulated_seconds"], "group_by": None,
                   "target": None, "audit": None}
@@ -79,6 +85,7 @@ class Run:
     config: config_mod.Config
     run_dir: pathlib.Path
     settings: Any = None      # the runner's own settings (runner dlg: AttackSettings)
+    resources: dict | None = None  # its cluster.* keys: what it reserves on a Ray node (hfl/cluster.py)
 
     @property
     def done(self) -> bool:
@@ -96,6 +103,7 @@ class Spec:
     report: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_REPORT))
     claims: list[claims_mod.Claim] = field(default_factory=list)
     runner: str = "testbed"
+    cluster: dict[str, float] = field(default_factory=dict)  # [cluster]: what a run reserves (hfl/cluster.py)
 
     @property
     def sweep_runner(self) -> runners_mod.SweepRunner:
@@ -234,7 +242,12 @@ def parse_spec(text: str, path: pathlib.Path) -> Spec:
         raise SweepError(f"report.audit must be a table like {{ trials = 2000 }} (trials >= 4), got {audit!r}")
     if audit is not None and not runner.audits:
         raise SweepError(f"report.audit: runner {runner_name!r} has no privacy audit (runner testbed has)")
-    spec = Spec(str(raw.get("name", path.stem)), path, base, grid, variants, seeds, report, runner=runner_name)
+    try:
+        cluster = cluster_mod.check_table(raw.get("cluster", {}), "[cluster]")
+    except cluster_mod.ClusterError as exc:
+        raise SweepError(str(exc)) from None
+    spec = Spec(str(raw.get("name", path.stem)), path, base, grid, variants, seeds, report, runner=runner_name,
+                cluster=cluster)
     group_by = report["group_by"]
     if group_by is not None and group_by not in spec.varied_keys:
         raise SweepError(f"report.group_by = {group_by!r} is not varied by the sweep; varied keys: "
@@ -288,6 +301,11 @@ def expand(spec: Spec, out: pathlib.Path) -> list[Run]:
         cell = cell_name(varied)
         where = f"cell {cell}" + (f" (variants.{variant})" if variant else "")
         flat, own = runners_mod.split(runner, flat)
+        reserve = {k.split(".", 1)[1]: flat.pop(k) for k in [k for k in flat if k.startswith("cluster.")]}
+        try:
+            reserve = cluster_mod.check_table(reserve, f"{where}: cluster.*") if reserve else None
+        except cluster_mod.ClusterError as exc:
+            raise SweepError(str(exc)) from None
         try:
             first = config_mod.from_dict(_nest(flat))
             settings = runner.settings(own)
@@ -297,7 +315,7 @@ def expand(spec: Spec, out: pathlib.Path) -> list[Run]:
             raise SweepError(f"{where}: {exc}{hint}") from None
         for seed in spec.seeds if spec.seeds is not None else [first.run.seed]:
             cfg = config_mod.from_dict(_nest({**flat, "run.seed": seed, "run.name": f"{spec.name}-{cell}"}))
-            runs.append(Run(cell, varied, seed, cfg, out / cell / f"seed-{seed}", settings))
+            runs.append(Run(cell, varied, seed, cfg, out / cell / f"seed-{seed}", settings, reserve))
     cells: dict[str, dict] = {}
     for run in runs:
         if cells.setdefault(run.cell, run.varied) != run.varied:
@@ -550,7 +568,11 @@ def provenance_markdown(prov: dict[str, Any] | None) -> str:
     return "\n".join(["", "## Provenance", "", f"- Command: `{prov['command']}`", f"- Commit: `{prov['commit']}`{dirty}",
                       f"- Started {prov['started']}, finished {prov['finished']} ({prov['wall_seconds']} s this "
                       f"invocation; runs finished before a resume are not timed again)",
-                      f"- Machine: {prov['machine']}"] + ([f"- Seeds: {prov['seeds']}"] if prov.get("seeds") else []) + [""])
+                      f"- Machine: {prov['machine']}"] + ([f"- Seeds: {prov['seeds']}"] if prov.get("seeds") else [])
+                     + ([f"- Ray cluster {prov['cluster']['address']}: runs per node "
+                         + ", ".join(f"{k} {v}" for k, v in prov["cluster"]["runs_per_node"].items())
+                         + (f"; {len(prov['cluster']['retried'])} retried after a lost node" if prov["cluster"]["retried"]
+                            else "") + " (each run's node: CELL/seed-S/node.json)"] if prov.get("cluster") else []) + [""])
 
 
 def write_results(spec: Spec, runs: list[Run], out: pathlib.Path, errors: dict[pathlib.Path, str],
@@ -629,11 +651,12 @@ def audit_cells(spec: Spec, runs: list[Run], console) -> None:
                       f"{report['epsilon_claimed']:.3g} stated for one release", markup=False)
 
 
-def command(spec_path, out, jobs: int, only_report: bool) -> str:
+def command(spec_path, out, jobs: int, only_report: bool, cluster: str | None = None) -> str:
     """The command line that re-makes this sweep's results (paths relative to the working directory)."""
     parts = ["hfl sweep", _shown(pathlib.Path(spec_path).resolve())]
     parts += ["--out", _shown(pathlib.Path(out).resolve())] if out else []
     parts += ["--jobs", str(jobs)] if jobs != 1 else []
+    parts += ["--cluster", cluster] if cluster else []
     return " ".join(parts + (["--report-only"] if only_report else []))
 
 
@@ -642,7 +665,7 @@ def _interrupt(*_) -> None:
 
 
 def run_sweep(spec_path: str | pathlib.Path, out: str | pathlib.Path | None = None, jobs: int = 1,
-              dry_run: bool = False, quiet: bool = False, only_report: bool = False) -> int:
+              dry_run: bool = False, quiet: bool = False, only_report: bool = False, cluster: str | None = None) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -665,12 +688,27 @@ def run_sweep(spec_path: str | pathlib.Path, out: str | pathlib.Path | None = No
             except config_mod.ConfigError as exc:
                 raise SweepError(f"cell {run.cell}: {exc}") from None
     except SweepError as exc:
-        console.print(f"sweep spec error: {exc}", markup=False)
+        console.print(f"sweep spec error: {exc}", markup=False, soft_wrap=True)
         return 2
     todo = [r for r in runs if not r.done]
+    ray = None
+    if cluster is not None:  # Ray present, the head reachable, every run fitting a node: before anything starts
+        try:
+            ray = cluster_mod.connect(cluster)
+            cluster_mod.check_fits(todo, spec.cluster, cluster_mod.alive_nodes(ray))
+        except cluster_mod.ClusterError as exc:
+            console.print(f"cluster error: {exc}", markup=False, soft_wrap=True)
+            return 2
     started = time.time()
     console.print(f"sweep {spec.name}: {len(runs)} runs in {len({r.cell for r in runs})} cells, {len(todo)} to run, "
                   f"{len(runs) - len(todo)} already finished; output {out_dir}", markup=False)
+    if dry_run and ray is not None:
+        nodes = cluster_mod.alive_nodes(ray)
+        console.print(f"cluster {cluster}: {len(nodes)} nodes, " + ", ".join(
+            f"{n['name']} ({n['cpus']:g} CPU)" for n in nodes.values()), markup=False)
+        for line in cluster_mod.estimate_lines(spec, runs, todo, spec.cluster, out_dir):
+            console.print(line, markup=False)
+        return 0
     if dry_run:
         for r in runs:
             console.print(f"  {'done' if r.done else 'todo'}  {r.run_dir.relative_to(out_dir)}", markup=False)
@@ -707,7 +745,10 @@ def run_sweep(spec_path: str | pathlib.Path, out: str | pathlib.Path | None = No
         pool = ThreadPoolExecutor(max_workers=jobs)
         previous = signal.signal(signal.SIGTERM, _interrupt)
         try:
-            for future in [pool.submit(execute, run) for run in todo]:
+            if ray is not None:  # every run a Ray task on some node (hfl/cluster.py); the directories come back here
+                placement = cluster_mod.execute(spec, todo, out_dir, spec.cluster, cluster, ray, console, progress,
+                                                overall, errors)
+            for future in [pool.submit(execute, run) for run in todo if ray is None]:
                 while not future.done():
                     time.sleep(0.2)  # a timed wait: Ctrl-C reaches the main thread between waits
         except KeyboardInterrupt:
@@ -722,7 +763,8 @@ def run_sweep(spec_path: str | pathlib.Path, out: str | pathlib.Path | None = No
             pool.shutdown(wait=True)
     if spec.report.get("audit") is not None:  # runner testbed only (parse_spec)
         audit_cells(spec, runs, console)
-    write_results(spec, runs, out_dir, errors, provenance(spec, started, command(spec_path, out, jobs, False)))
+    prov = provenance(spec, started, command(spec_path, out, jobs, False, cluster))
+    write_results(spec, runs, out_dir, errors, {**prov, "cluster": placement} if ray is not None else prov)
     console.print(f"results: {out_dir / 'results.md'}, results.json and plots", markup=False)
     if not quiet:
         print((out_dir / "results.md").read_text())

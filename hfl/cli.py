@@ -147,6 +147,10 @@ def cmd_config(args) -> int:
 
         preflight(cfg)
     print(config_mod.to_toml(cfg), end="")
+    from hfl.explain import explain
+
+    for line in explain(cfg):  # on stderr: stdout stays a config file
+        print(f"# {line}", file=sys.stderr)
     return 0
 
 

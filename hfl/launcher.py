@@ -132,6 +132,10 @@ def run_with_progress(config, overrides, out=None, quiet: bool = False, certs: s
     notices = _DeathNotices(bed, console)
     try:
         console.print(f"run directory: {bed.run_dir}")
+        from hfl.explain import explain
+
+        for line in explain(bed.cfg):
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
         bed.start()
         if bed.rounds_extended:
             console.print(f"resume: run.rounds {bed.rounds_extended[0]} -> {bed.rounds_extended[1]} (config.toml "

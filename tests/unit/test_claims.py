@@ -216,8 +216,10 @@ def test_contradicted_in_magnitude_when_the_upper_bound_is_under_the_stated_frac
     # the other direction significant is contradicted, whatever the magnitude; no paper value, no magnitude verdict
     assert verdict({"a": SMALL["b"], "b": [0.8] * 4 + [0.81]}, cells=["a", "b"], paper=[0.8, 0.7])["verdict"] == claims.CONTRADICTED
     assert verdict(SMALL, cells=["a", "b"])["verdict"] == claims.NOT_SHOWN
-    # a weak relation is a non-inferiority test: no magnitude verdict
-    assert "upper_bound" not in verdict(SMALL, cells=["a", "b"], relation=">=", paper=[0.8, 0.7])["comparisons"][0]
+    # a weak relation where the paper gives a step: the bound of the difference itself (its margin left out)
+    weak = verdict(SMALL, cells=["a", "b"], relation=">=", paper=[0.8, 0.7])
+    assert weak["verdict"] == claims.MAGNITUDE and weak["comparisons"][0]["upper_bound"] == pytest.approx(ref)
+    assert verdict(SMALL, cells=["a", "b"], relation=">=", paper=[0.71, 0.7])["verdict"] == claims.HOLDS
     with pytest.raises(claims.ClaimError, match="magnitude_fraction must be in"):
         claim(cells=["a", "b"], magnitude_fraction=1.5)
 

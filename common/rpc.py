@@ -10,6 +10,8 @@ import time
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from .config_error import ConfigError
+
 log = logging.getLogger(__name__)
 
 MAX_CHUNK = 8 << 20  # largest stream chunk (net.chunk_kib <= 8192)
@@ -90,12 +92,16 @@ class Server:
         self.server = grpc.aio.server(options=message_options(chunk_bytes) + keepalive_options(server=True))
         self.health = HealthService()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        if credentials is None:
-            self.port = self.server.add_insecure_port(listen)
-        else:
-            self.port = self.server.add_secure_port(listen, credentials)
+        try:
+            if credentials is None:
+                self.port = self.server.add_insecure_port(listen)
+            else:
+                self.port = self.server.add_secure_port(listen, credentials)
+        except RuntimeError:  # grpc's "Failed to bind": say what to do, in one line
+            self.port = 0
         if self.port == 0:
-            raise OSError(f"cannot listen on {listen}")
+            raise ConfigError(f"cannot listen on {listen}: the port is in use (another run?) or the address is not "
+                              f"this machine's; give another --listen, or port 0 for a free one")
         host = listen.rsplit(":", 1)[0]
         self.address = f"{host}:{self.port}"
 

@@ -61,7 +61,11 @@ def _run_async(coro_factory) -> int:
     except config_error.ConfigError as exc:  # e.g. a spec from the upstream that this node refuses: one line, not a traceback
         logging.getLogger("hfl").error("%s", exc)
         return 2
-    except Exception:
+    except Exception as exc:
+        code = getattr(exc, "code", None)
+        if callable(code) and callable(getattr(exc, "details", None)):  # a peer's gRPC refusal: its answer, one line
+            logging.getLogger("hfl").error("refused by its upstream: %s: %s", code().name, exc.details())
+            return 1
         logging.getLogger("hfl").exception("fatal error")
         return 1
 

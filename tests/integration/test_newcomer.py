@@ -88,3 +88,21 @@ def test_role_commands_check_their_arguments_before_dialling(tmp_path):
     afile.write_text("x")
     result = hfl("run", "--out", str(afile), "--set", "run.rounds=1")
     assert result.returncode == 2 and "is a file" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_role_commands_fail_in_one_line(hfl_testbed, tmp_path):
+    """A port in use, and an edge id the cloud already serves: one line each, no traceback."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = hfl("cloud", "--listen", f"127.0.0.1:{port}", "--run-dir", str(tmp_path / "c"))
+    assert result.returncode == 2 and f"cannot listen on 127.0.0.1:{port}: the port is in use" in result.stderr
+    assert "Traceback" not in result.stderr
+    tb = hfl_testbed(overrides=SMALL + ["run.rounds=30"])
+    next(tb.iter_metrics(timeout=300))
+    twin = hfl("edge", "--id", "edge-000", "--listen", "127.0.0.1:0", "--cloud", tb.cloud_address, "--wait", "30")
+    assert twin.returncode != 0 and "ALREADY_EXISTS" in twin.stderr and "Traceback" not in twin.stderr, \
+        twin.stderr[-2000:]

@@ -423,6 +423,9 @@ def build_parser() -> argparse.ArgumentParser:
     from hfl.plan_cli import add_parser as add_plan_parser
 
     add_plan_parser(sub)
+    from hfl.plot_cli import add_parser as add_plot_parser
+
+    add_plot_parser(sub)
     return parser
 
 

@@ -329,7 +329,7 @@ def _check_section(root, check, verdict, decider, decided, reports, specs, sourc
         if rep.pool_problems:
             lines.append(f"- Not pooled into `{rep.dir}`: " + "; ".join(rep.pool_problems))
     for item in check.get("narrowed", []):
-        lines.append(f"- Narrowed or dropped: {item}")
+        lines.append(f"- {item[:1].upper()}{item[1:]}")
     lines += [f"- Verdict: **{verdict}**" + (f", decided by {_name(decider)}" + (f": {decider['why']}" if decider["why"] else "")
                                              if decider else ""), "",
               "| spec | role | claim | verdict | ours | why | seeds for 80% power | report |",

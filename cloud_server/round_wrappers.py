@@ -51,6 +51,16 @@ class ModeWrapper:
     def plots(self, rows, title):
         self.inner.plots(rows, title)
 
+    def state(self):
+        return self.inner.state()
+
+    def restore(self, state, round_):
+        self.inner.restore(state, round_)
+
+    @property
+    def result_size(self):
+        return self.inner.result_size
+
     def component(self, name):
         own = {"policy": getattr(self, "policy", None), "controller": getattr(self, "controller", None)}.get(name)
         return own if own is not None else self.inner.component(name)

@@ -328,17 +328,21 @@ def test_a_silent_edge_costs_one_slots_wait_not_every_slots(tmp_path):
     expected = lambda: [f"edge-{i:03d}" for i in range(3) if f"edge-{i:03d}" not in absent]  # noqa: E731
 
     async def scenario():
-        started = time.monotonic()
+        seconds = []
         for step in range(2):
+            started = time.monotonic()
             em = [medium.parse(_emission(cfg, medium, 0, step, edge=e)[0], 0, phases) for e in range(2)]
             replies = await asyncio.gather(*(medium.air(f"edge-{e:03d}", em[e], 0, step, phases, expected, 1.0,
                                                         absent.update) for e in range(2)))
             assert all(r is not None for r in replies)
-        return time.monotonic() - started
+            seconds.append(time.monotonic() - started)
+        return seconds
 
-    seconds = asyncio.run(scenario())
+    first, second = asyncio.run(scenario())
     assert absent == {"edge-002"}
-    assert 1.0 <= seconds < 1.9  # the first slot waited its 1 s for edge-002, the second did not wait again
+    # the first slot waited its 1 s for edge-002, the second did not wait again (each slot timed alone: a loaded
+    # machine's slowness in the first slot cannot read as a second wait)
+    assert first >= 1.0 and second < 1.0, (first, second)
     assert medium.round_columns(0, {})["air_edges_dropped"] == 1
 
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from hfl.common import plans, topology
 from hfl.common.wire import WireError
-from hfl.common.privacy import accountant, calibration, instructions, shapes
+from hfl.common.privacy import accountant, calibration, instructions, parties, shapes
 from hfl.common.privacy import config as privacy_config
 from hfl.common.privacy.schedules import SCHEDULES
 from hfl.common.privacy.wavelet import lemma2_multiplier, padded_length
@@ -249,9 +249,15 @@ class PrivacyPolicy:
             "noise_source": self.p.noise_source,
             "guarantee": self.guarantee(),
             "sensitivity": None, "client_draw": None, **self.placement.describe(),
+            "epsilon_by_party": self.party_epsilons(),
             "charged_missing_edges": self.charged_missing,
             "stopped": self.stopped,
         }
+
+    def party_epsilons(self) -> dict:
+        """Per cluster, the accountant's epsilon against the cloud, its edge and outsiders (privacy.parties)."""
+        return parties.as_json(parties.party_epsilons(self.ledger.records, self.p.delta, self.p.accountant,
+                                                      self.members))
 
     def budget(self) -> dict:
         """Whether the ledger went past privacy.epsilon (paper modes run on; restarts and re-run rounds may too)."""

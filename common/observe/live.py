@@ -275,6 +275,7 @@ class CloudView:
                 "epsilon_budget": p.get("epsilon_budget"), "delta": p.get("delta"), "calibration": p.get("calibration"),
                 "accountant": p.get("accountant"), "placement": p.get("placement"), "trust": p.get("trust"),
                 "budget_exceeded": p.get("budget_exceeded"), "label": p.get("epsilon_label"),
+                "by_party": p.get("epsilon_by_party"),
                 "caveats": p.get("guarantee") or [],
                 "claimed": {"values": claims, "label": "the paper's arithmetic (a claim, not a measurement)"}
                 if claims else None}

@@ -106,3 +106,48 @@ def test_role_commands_fail_in_one_line(hfl_testbed, tmp_path):
     twin = hfl("edge", "--id", "edge-000", "--listen", "127.0.0.1:0", "--cloud", tb.cloud_address, "--wait", "30")
     assert twin.returncode != 0 and "ALREADY_EXISTS" in twin.stderr and "Traceback" not in twin.stderr, \
         twin.stderr[-2000:]
+
+
+def test_epsilon_per_party_equals_dp_accounting_on_the_ledger(hfl_testbed):
+    """H2FDP with half of the edges trusted: privacy.json gives, per cluster, the epsilon against the cloud, its edge
+    and outsiders; recomputed here from privacy_ledger.jsonl with dp_accounting directly."""
+    import math
+
+    import dp_accounting
+    from dp_accounting import rdp
+
+    tb = hfl_testbed(config="deploy/configs/h2fdp-p05.toml",
+                     overrides=["topology.edges=4", "topology.devices_per_edge=2", "run.rounds=2", "train.tau=4",
+                                "train.gamma=2", "privacy.epsilon=1000", "privacy.calibration=sound",
+                                "data.max_test_samples=200"])
+    summary = tb.wait(timeout=600)
+    privacy = json.loads((tb.run_dir / "privacy.json").read_text())
+    by_party = privacy["epsilon_by_party"]
+    assert by_party == summary["privacy"]["epsilon_by_party"]
+    delta = privacy["delta"]
+    events = [e for line in (tb.run_dir / "privacy_ledger.jsonl").read_text().splitlines()
+              for e in json.loads(line)["events"]]
+
+    def direct(es):
+        if not es:
+            return math.inf
+        acc = rdp.RdpAccountant()
+        for e in es:
+            event = dp_accounting.GaussianDpEvent(e["noise_multiplier"])
+            if e.get("sampling_rate", 1.0) < 1:
+                event = dp_accounting.PoissonSampledDpEvent(e["sampling_rate"], event)
+            acc.compose(event, int(e.get("count", 1)))
+        return acc.get_epsilon(delta)
+
+    trust = privacy["trust"]
+    assert set(trust.values()) == {"trusted", "untrusted"}
+    for e in range(4):
+        edge = f"edge-{e:03d}"
+        devices = [f"dev-{2 * e + i:05d}" for i in range(2)]
+        cover = {d: [x for x in events if d in x["covers"]] for d in devices}
+        cloud = max(direct(cover[d]) for d in devices)
+        at_edge = math.inf if trust[edge] == "trusted" else max(
+            direct([x for x in cover[d] if x["tier"] in ("device", "device-sample")]) for d in devices)
+        got = {k: math.inf if v == "inf" else v for k, v in by_party[edge].items()}
+        assert math.isclose(got["cloud"], cloud, rel_tol=1e-6) and got["outsiders"] == got["cloud"], (edge, got)
+        assert got["edge"] == at_edge if math.isinf(at_edge) else math.isclose(got["edge"], at_edge, rel_tol=1e-6)

@@ -194,6 +194,22 @@
     add("budget", g(p.epsilon_budget) + ", delta " + g(p.delta) + (p.budget_exceeded ? " (exceeded)" : ""));
     add("calibration / accountant / placement", [p.calibration, p.accountant, p.placement].join(" / "));
     add("edge trust", Object.entries(p.trust || {}).map(([e, t]) => e + " " + t).join(", "));
+    const parties = p.by_party || {};
+    if (Object.keys(parties).length) {  // per cluster: the accountant's epsilon against each party
+      const table = document.createElement("table");
+      table.className = "parties";
+      const head = table.createTHead().insertRow();
+      for (const h of ["cluster", "against the cloud", "against its edge", "against outsiders"]) {
+        const th = document.createElement("th"); th.textContent = h; head.appendChild(th);
+      }
+      const body = table.createTBody();
+      const e = (x) => x === "inf" ? "inf (no guarantee)" : g(x);
+      for (const [edge, v] of Object.entries(parties)) {
+        const tr = body.insertRow();
+        for (const x of [edge, e(v.cloud), e(v.edge), e(v.outsiders)]) tr.insertCell().textContent = x;
+      }
+      el.appendChild(table);
+    }
     if (p.claimed) add("paper's claim: epsilon " + p.claimed.values.map(g).join(", "), p.claimed.label, "claim");
     for (const c of p.caveats || []) add("caveat", c, "warn");
     $("device-eps").hidden = false;

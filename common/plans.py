@@ -28,6 +28,7 @@ LOCAL_PHASES = (LOCAL_SGD, LOCAL_DP_SGD)
 AIR_PHASES = (AIR_GRADIENT_STEP, AIR_MODEL_SYNC)
 DEVICE_UPLOAD_PHASES = (EDGE_GRADIENT_STEP, EDGE_MODEL_SYNC) + AIR_PHASES
 ESTIMATE_BETA = "estimate_beta"  # a local_sgd param: 1 = also report a smoothness estimate from this window
+WITHHOLD_STATS = "withhold_stats"  # an edge_model_sync param: 1 = the device sends no statistics of its data
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,10 @@ def build_plan(cfg) -> list[pb.Phase]:
     plan = ALGORITHMS.get(cfg.run.algorithm).plan(cfg)
     if not plan or plan[-1].kind != CLOUD_SYNC:
         raise ValueError("a round plan must end with cloud_sync")
+    if devices_private(cfg):  # no training loss or error statistics: they are computed on the data without noise
+        for phase in plan:
+            if phase.kind == EDGE_MODEL_SYNC:
+                phase.params[WITHHOLD_STATS] = 1.0
     return plan
 
 
@@ -127,6 +132,13 @@ def weights_rule(cfg, tier: str) -> str:
 
 def is_private(cfg) -> bool:
     return bool(ALGORITHMS.get(cfg.run.algorithm).privacy)
+
+
+def devices_private(cfg) -> bool:
+    """Does a device of this run send only noised statistics of its data (a DP algorithm, or a DP codec)?"""
+    from . import wire
+
+    return is_private(cfg) or getattr(wire.CODECS.get(cfg.pipeline.uplink_encoding), "private", False)
 
 
 def downlink_after(plan, step: int) -> bool:

@@ -6,71 +6,28 @@ import asyncio
 import concurrent.futures
 import logging
 import time
-from dataclasses import dataclass, field
 
 import grpc
 import numpy as np
 import torch
 
 from hfl.common import config as config_mod
-from hfl.common import host_credentials, modes, plans, relay_tag, rpc, session, topology, wire
-from hfl.common.data import dataset_digest, load_dataset
+from hfl.common import host_credentials, modes, relay_tag, rpc, session, topology, wire
+from hfl.common.data import dataset_digest
 from hfl.common.models import build, num_parameters
-from hfl.common.partition import partition
 from hfl.common.pipeline import Link
 from hfl.common.privacy import instructions, on_wire
-from hfl.common.secret_random import dp_draws, dp_numpy_rng
-from hfl.common.seeding import numpy_rng, torch_generator
+from hfl.common.seeding import torch_generator
 from hfl.common.upstream import Upstream
 from hfl.proto import hfl_v1_pb2 as pb
 from hfl.proto import hfl_v1_pb2_grpc as pbg
 
+from . import phases
 from .modes import DevicePorts
-from .training import Shard, local_dp_sgd, local_sgd, make_shard, minibatch_gradient, smoothness
+from .trainer import Trainer, device_shards
+from .training import Shard
 
 log = logging.getLogger("hfl.devices")
-
-
-def device_shards(cfg, ids: list[str]) -> tuple[dict[str, Shard], object]:
-    """Load the dataset, partition it over all devices of the run (same on every host), keep ours."""
-    data = load_dataset(cfg.data)
-    parts = partition(data.y_train, cfg.num_devices, numpy_rng(cfg.run.seed, "data", "partition"), cfg.data,
-                      edges=cfg.topology.edges)
-    shards = {}
-    for node in ids:
-        idx = parts[topology.device_index(node)]
-        shards[node] = make_shard(data.x_train[idx], data.y_train[idx], data.mean, data.std)
-    return shards, data
-
-
-@dataclass
-class Trainer:
-    """Shares one model object and one worker thread among the host's devices (training is serialised), and one
-    array for each model its devices received alike (`shared`)."""
-
-    model: torch.nn.Module
-    executor: concurrent.futures.ThreadPoolExecutor
-    received: list = field(default_factory=list)  # the last SHARED distinct models received, oldest first
-
-    SHARED = 16
-
-    async def run(self, fn, *args, **kwargs):
-        return await asyncio.get_running_loop().run_in_executor(self.executor, lambda: fn(self.model, *args, **kwargs))
-
-    def shared(self, w: np.ndarray) -> np.ndarray:
-        """`w`, or an equal array another device of this host received before: a round's model reaches every device of
-        a cluster as the same bytes (under a noiseless downlink), and each would otherwise hold its own copy until its
-        turn to train (500 devices of mnist-cnn: 58 MB a host). No device writes into a model array (each update
-        makes a new one), so they can share it."""
-        head = w.reshape(-1)[:64].tobytes()
-        for other in reversed(self.received):
-            # the first values first: distinct models (a noisy downlink) cost ~1 us each, not a full comparison
-            if other.shape == w.shape and other.dtype == w.dtype and other.reshape(-1)[:64].tobytes() == head \
-                    and np.array_equal(other, w):
-                return other
-        self.received.append(w)
-        del self.received[:-self.SHARED]
-        return w
 
 
 class Device:
@@ -91,11 +48,6 @@ class Device:
         self.link = link
         self.uplink = Link.device_uplink(cfg)
         self.downlink = Link.from_config(cfg.pipeline, "downlink")
-        # a private device sends nothing computed on its data without noise (no training loss, no error statistics)
-        self.private = on_wire.device_is_private(cfg)
-        self.dp_source = cfg.privacy.noise_source
-        self.chunk_bytes = cfg.net.chunk_kib * 1024
-        self.max_bytes = cfg.net.max_message_mb << 20
         self.rounds_done = 0
         self.refused = 0
         self.diverged = 0  # rounds whose local training ended non-finite (sat out, nothing sent)
@@ -103,9 +55,12 @@ class Device:
         self.rejoin = False  # the first registration is a plain one unless the run is already under way
         self.give_up_after: float | None = None  # seconds of failed reconnections before the device stops
         self.mode = modes.build(cfg, "device", DevicePorts(cfg, node_id, run_id, self.index, dim, shard, trainer.run,
-                                                           self._exchange, self._gen))
+                                                           self._exchange, self.batches))
 
-    def _gen(self, round_: int, step: int) -> torch.Generator:
+    chunk_bytes = property(lambda self: self.cfg.net.chunk_kib * 1024)
+    max_bytes = property(lambda self: self.cfg.net.max_message_mb << 20)
+
+    def batches(self, round_: int, step: int) -> torch.Generator:
         return torch_generator(self.cfg.run.seed, "device", self.index, round_, step, "batches")
 
     async def register(self, rejoin: bool) -> None:
@@ -122,14 +77,14 @@ class Device:
         return task, [envelope]
 
     async def _exchange(self, envelope: pb.Envelope) -> pb.Envelope:
-        return await self._send(wire.chunked(envelope, self.chunk_bytes))
+        return await self.send(wire.chunked(envelope, self.chunk_bytes))
 
-    async def _send(self, chunks: list[pb.Chunk]) -> pb.Envelope:
+    async def send(self, chunks: list[pb.Chunk]) -> pb.Envelope:
         """One upload, its reply back (wire.exchange_chunks): the chunks leave the list as they are sent, so the
         upload's bytes are not held while the edge waits for the rest of its cluster."""
         return await wire.exchange_chunks(self.link.stub, chunks, self.max_bytes, self.link.metadata)
 
-    def _upload(self, task: pb.RoundTask, step: int, name: str, vec: np.ndarray, scalars: dict, dp=(),
+    def upload(self, task: pb.RoundTask, step: int, name: str, vec: np.ndarray, scalars: dict, dp=(),
                 encode: dict | None = None) -> list[pb.Chunk]:
         tensor, transforms = self.uplink.send(vec, name, self.cfg.run.seed, self.index, task.round, step,
                                               {"encode": encode} if encode else None)
@@ -183,12 +138,12 @@ class Device:
                 self.refused += 1
                 log.warning("%s: edge refused our message in round %s (%s: %s); sitting out the rest of the round",
                             self.id, after[0], exc.code().name, (exc.details() or "")[:300])
-                await self._withdraw(after)
+                await self.withdraw(after)
             except wire.WireError as exc:  # a reply we cannot read: treat like a refusal
                 self.refused += 1
                 log.warning("%s: unreadable reply in round %s: %s", self.id, after[0], exc)
 
-    async def _withdraw(self, after: tuple[int, int]) -> None:
+    async def withdraw(self, after: tuple[int, int]) -> None:
         """Tell the edge not to wait for us for the rest of this round (best effort)."""
         meta = pb.Meta(run_id=self.run_id, round=after[0], attempt=after[1], sender_id=self.id, withdraw=True,
                        phase="withdraw")
@@ -198,96 +153,28 @@ class Device:
             log.debug("%s: withdraw not taken: %s", self.id, exc)
 
     async def _round(self, task: pb.RoundTask, fetched: list[pb.Envelope]) -> None:
-        """One round. A host's devices wait their turn on one training thread and then for the rest of their clusters
-        at the edges' barriers: each holds the fewest model-sized arrays it can meanwhile (the envelope goes once the
-        model is decoded, an upload's arrays once it is serialised, a reply once its model is decoded)."""
-        dim = self.dim
+        """One round, each phase run by its registered handler (phases.py). A host's devices wait their turn on one
+        training thread, then at the edges' barriers, holding the fewest model-sized arrays they can meanwhile (the
+        envelope goes once the model is decoded, an upload's arrays once serialised, a reply once decoded)."""
         cluster = task.clusters[self.edge_id] if self.edge_id in task.clusters else pb.ClusterPlan()
         noise = instructions.read_device(cluster, self.id)  # refuses a plan it cannot execute as stated, up front
         if (cluster.participants or cluster.only_listed) and self.id not in cluster.participants:
             self.mode.end_round(None)  # not drawn: idle (sent no model), resynchronises from the next round's
             return
-        w, _ = self.downlink.receive(wire.single_tensor(fetched.pop(), "model"), dim, self.cfg.run.seed, self.index,
-                                     task.round, -1)
+        w, _ = self.downlink.receive(wire.single_tensor(fetched.pop(), "model"), self.dim, self.cfg.run.seed,
+                                     self.index, task.round, -1)
         w = self.mode.start_round(task, self.trainer.shared(w))
-        anchor = w  # not a copy: nothing here writes into a model array; every update makes a new one
-        losses: list[float] = []
-        batch = self.cfg.train.batch_size
-        extra: dict = {}  # scalars for the next upload (e.g. this round's smoothness estimate)
+        release = on_wire.DeviceRelease(noise, task.phases, self.id, self.index, task.round, task.attempt,
+                                        self.cfg.run.seed, self.cfg.privacy.noise_source)
         encode = encode_overrides(cluster.devices[self.id].params) if self.id in cluster.devices else None
-        sample_dp: list = []  # DP-SGD events of the local phases since the last upload, sent with it
-        for step, phase in enumerate(task.phases):
-            p = phase.params
-            if not self.mode.takes_part(task, step):
-                continue  # e.g. failed the air downlink test th0 earlier in the round: sits out the rest of it
-            if phase.kind in self.mode.phases:
-                w = await self.mode.run_phase(task, step, w, losses)
-                losses = []  # each upload reports the steps since the previous one
-            elif phase.kind == plans.LOCAL_SGD:
-                start = w
-                steps = int(p["steps"]) if "steps" in p else None
-                epochs = int(p["epochs"]) if "epochs" in p else None
-                w, loss, taken = await self.trainer.run(local_sgd, w, self.shard, p["lr"], batch, self._gen(task.round, step),
-                                                        steps=steps, epochs=epochs, clip=p.get("clip", 0.0))
-                if taken:
-                    losses.append(loss)
-                if p.get(plans.ESTIMATE_BETA, 0.0) == 1.0 and taken:  # the plan asks (a controller that estimates beta)
-                    beta = await self.trainer.run(smoothness, start, w, self.shard, batch, torch_generator(
-                        self.cfg.run.seed, "device", self.index, task.round, step, "beta"))
-                    if np.isfinite(beta):
-                        extra["beta_estimate"] = beta
-            elif phase.kind == plans.LOCAL_DP_SGD:
-                # lots and noise drawn afresh per attempt (a repeated draw would cancel between two releases)
-                gen = dp_draws(self.dp_source, self.cfg.run.seed, "device", self.index, task.round, step, "dp_sgd",
-                               task.attempt)
-                w, loss, rec = await self.trainer.run(local_dp_sgd, w, self.shard, p, noise.get("device-sample", "sample"),
-                                                      gen, self.id, task.round, cluster.params.get("clip_scale", 1.0))
-                if np.isfinite(loss):
-                    losses.append(loss)
-                sample_dp.append(rec)
-            elif phase.kind == plans.EDGE_GRADIENT_STEP:
-                grad, loss = await self.trainer.run(minibatch_gradient, w, self.shard, batch, self._gen(task.round, step))
-                losses.append(loss)
-                upload = self._upload(task, step, "gradient", grad, {"train_loss": loss})
-                del grad
-                g, _ = self.downlink.receive(wire.single_tensor(await self._send(upload), "gradient"), dim,
-                                             self.cfg.run.seed, self.index, task.round, step)
-                w = w - np.float32(p["lr"]) * g
-                anchor = anchor - np.float32(p["lr"]) * g
-            elif phase.kind == plans.EDGE_MODEL_SYNC:
-                # a private algorithm's devices send no training loss: it is computed on their data without noise
-                scalars = {"train_loss": float(np.mean(losses))} if losses and not self.private else {}
-                scalars.update(extra)
-                extra = {}
-                if not np.isfinite(w).all():  # a diverged model: nothing sound to send; the round goes on without us
-                    self.diverged += 1
-                    log.warning("%s: local training diverged in round %d (non-finite weights); sitting out the "
-                                "rest of the round", self.id, task.round)
-                    await self._withdraw((task.round, task.attempt))
-                    return
-                delta, dp = self._private_delta(w - anchor, noise, task, step)
-                dp, sample_dp = dp + sample_dp, []
-                upload = self._upload(task, step, "delta", delta, scalars, dp, encode)
-                del delta
-                # while the edge waits for the rest of the cluster, hold no model the round will not read again: the
-                # reply's model replaces both, or the round ends here (a failed exchange restarts from a fetch)
-                start = anchor = None
-                if plans.downlink_after(task.phases, step) or not self.mode.keeps_model:
-                    w = None
-                reply = await self._send(upload)
-                if plans.downlink_after(task.phases, step):
-                    w, _ = self.downlink.receive(wire.single_tensor(reply, "model"), dim, self.cfg.run.seed, self.index,
-                                                 task.round, step)
-                    w = anchor = self.trainer.shared(w)
-                del reply
-                losses = []
-            # cloud_sync: nothing to do on a device; the next round task carries the new global model
-        self.mode.end_round(w)
-
-    def _private_delta(self, delta: np.ndarray, noise: instructions.NoisePlan, task: pb.RoundTask, step: int):
-        rng = dp_numpy_rng(self.dp_source, self.cfg.run.seed, "device", self.index, task.round, step, "dp_noise",
-                           task.attempt)
-        return on_wire.device_release(delta, noise, on_wire.stream_of(task.phases, step), rng, self.id, task.round)
+        state = phases.RoundState(task, cluster, release, w, w, encode)  # the anchor is no copy: no update writes in place
+        del w
+        for step in range(len(task.phases)):
+            # a device sits out the rest of a round it withdrew from, and steps the mode leaves it out of (e.g. it
+            # failed the air downlink test th0 earlier in the round)
+            if self.mode.takes_part(task, step) and not await phases.run(self, state, step):
+                return
+        self.mode.end_round(state.w)
 
 
 def encode_overrides(device_plan) -> dict:

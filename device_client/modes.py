@@ -14,6 +14,7 @@ import torch
 from hfl.common import plans, relay_tag, wire
 from hfl.proto import hfl_v1_pb2 as pb
 
+from . import phases as device_phases
 from .training import Shard, minibatch_gradient
 
 log = logging.getLogger("hfl.devices")
@@ -33,7 +34,6 @@ class DevicePorts:
 
 
 class DigitalDevice:
-    phases: tuple[str, ...] = ()  # the mode's own phase kinds, run by run_phase
     keeps_model = False  # end_round reads the round's final model (else the host drops it while its upload waits)
 
     def __init__(self, ports: DevicePorts):
@@ -47,6 +47,7 @@ class DigitalDevice:
         return True
 
     async def run_phase(self, task: pb.RoundTask, step: int, w: np.ndarray, losses: list) -> np.ndarray:
+        """A phase of the mode's own (registered to phases.mode_phase by the mode's module)."""
         raise NotImplementedError(f"{type(self).__name__} has no phase {task.phases[step].kind!r}")
 
     def seal(self, task: pb.RoundTask, step: int, tensor: pb.Tensor, transforms: list[pb.Transform]) -> list[pb.Transform]:
@@ -78,8 +79,6 @@ class RelayDevice(DigitalDevice):
 class AirDevice(DigitalDevice):
     """Analog uploads over the medium (paper 003): a device keeps its own estimate of the global model across
     rounds, sits out a round's remaining slots once it fails the downlink test, and runs the air phases."""
-
-    phases = plans.AIR_PHASES
 
     def __init__(self, ports: DevicePorts):
         super().__init__(ports)
@@ -150,3 +149,7 @@ class AirDevice(DigitalDevice):
         if phase.kind == plans.AIR_GRADIENT_STEP:
             return w - np.float32(phase.params["lr"]) * est
         return est
+
+
+for _kind in plans.AIR_PHASES:
+    device_phases.PHASES.register(_kind, device_phases.mode_phase)

@@ -12,9 +12,9 @@ import grpc
 import numpy as np
 
 from hfl.common import plans, robust, topology, validate, wire
+from hfl.common.pipeline import Link
 from hfl.common.privacy import on_wire
 from hfl.common.quantization import precision
-from hfl.common.secret_random import dp_numpy_rng
 from hfl.proto import hfl_v1_pb2 as pb
 
 from .round_state import Barrier, ClusterRound, Contribution
@@ -34,6 +34,15 @@ class EdgePorts:
     chunk_bytes: int
     clock: object               # common.channel.round_clock.EdgeClock
     air_call: Callable[[list, str], Awaitable[list[pb.Envelope]]]  # a shared slot on the cloud's medium (reconnects)
+
+    @classmethod
+    def of(cls, spec, edge: str, clock, air_call) -> "EdgePorts":
+        """The ports of the run an edge joined (cloud_link.Joined), with the links its config states."""
+        cfg = spec.cfg
+        links = {"uplink": Link.device_uplink(cfg), "downlink": Link.from_config(cfg.pipeline, "downlink"),
+                 "backhaul": Link.from_config(cfg.pipeline, "backhaul")}
+        return cls(cfg, edge, topology.edge_index(edge), spec.dim, spec.samples, spec.members, links,
+                   cfg.net.chunk_kib * 1024, clock, air_call)
 
 
 class DigitalEdge:
@@ -71,17 +80,21 @@ class DigitalEdge:
         return Contribution(vec, self.ports.samples[node], scalars, dp, q, raw)
 
     # ---- a phase's uploads are in ----------------------------------------------------------------
+    def combine(self, vectors: list[np.ndarray], weights: list) -> np.ndarray:
+        """The phase's aggregate of the members' uploads (by pipeline.aggregate); the edge's release runs around it."""
+        return robust.aggregate(self.cfg.pipeline.aggregate, self.cfg.pipeline.params, vectors, weights)
+
     async def settle(self, ctx: ClusterRound, barrier: Barrier, phase: pb.Phase, step: int,
                      cluster_w: np.ndarray) -> np.ndarray:
         """Aggregate the phase's uploads, give the members their reply (and release the barrier); the cluster model."""
         nodes = self._bounded(ctx, barrier, sorted(barrier.contributions))  # arrival order must not matter
         reply_vec, name = None, ""
-        # under Poisson client sampling an empty draw still releases noise: the accountant's subsampled
-        # mechanism is "sum of the drawn / fixed denominator + N", whatever was drawn
-        if nodes or "fixed_denominator" in ctx.cplan:
+        if nodes or ctx.release.always:
             contributions = [barrier.contributions[n] for n in nodes]
             weights = [c.samples if self.edge_weights == "samples" else 1 for c in contributions]
-            agg = self._aggregate(ctx, contributions, weights, nodes, phase, step)
+            ctx.tally.q_uplink.extend(c.q for c in contributions if c.q is not None)
+            agg = ctx.release(self.combine, ctx, [c.vec for c in contributions], weights,
+                              [c.samples for c in contributions], nodes, phase, step)
             ctx.tally.losses.extend(c.scalars["train_loss"] for c in contributions if "train_loss" in c.scalars)
             ctx.tally.betas.extend(c.scalars["beta_estimate"] for c in contributions if "beta_estimate" in c.scalars)
             if phase.kind == plans.EDGE_GRADIENT_STEP:
@@ -114,37 +127,6 @@ class DigitalEdge:
         barrier.reply_size = len(payload)
         self.ports.clock.phase(step, barrier.contributions, barrier.reply_size)
         barrier.released.set()
-
-    def _aggregate(self, ctx: ClusterRound, contributions: list[Contribution], weights: list, nodes: list[str],
-                   phase: pb.Phase, step: int) -> np.ndarray:
-        """Aggregate as the round plan says: where the stream's instruction has the edge enforce its clip, clip each
-        upload, and add the edge-tier noise draw to the aggregate (paper 000: local and global streams of a trusted
-        edge; DP-FedAvg: the fixed-denominator sum)."""
-        vecs = [c.vec for c in contributions]
-        stream = on_wire.stream_of(ctx.plan, step)
-        sync = phase.kind == plans.EDGE_MODEL_SYNC
-        release = ctx.noise.get("edge", stream) if sync else None
-        bound = ctx.noise.clip_for("edge", stream) if sync else None
-        ctx.tally.q_uplink.extend(c.q for c in contributions if c.q is not None)
-        if bound is not None:
-            for i, vec in enumerate(vecs):
-                vecs[i], over = on_wire.enforce_clip(vec, bound)
-                ctx.clipped += over
-        if "fixed_denominator" in ctx.cplan:  # sum_k p_k Delta_k, p_k = d_k / (q_c d) (paper 002, Eq. 4)
-            acc = np.zeros(self.dim, np.float64)
-            for vec, c in zip(vecs, contributions):
-                acc += c.samples * vec.astype(np.float64)
-            agg = (acc / ctx.cplan["fixed_denominator"]).astype(np.float32)
-        else:
-            agg = robust.aggregate(self.cfg.pipeline.aggregate, self.cfg.pipeline.params, vecs, weights)
-        if release is not None:
-            # a fresh draw per attempt: two releases sharing one noise draw would cancel it in their difference
-            rng = dp_numpy_rng(self.cfg.privacy.noise_source, self.cfg.run.seed, "edge", self.index, ctx.round, step,
-                               "dp_noise", ctx.attempt)
-            agg, records = on_wire.edge_release(agg, release, rng, weights, len(ctx.participants), self.id, nodes,
-                                                ctx.round, mean="fixed_denominator" not in ctx.cplan)
-            ctx.dp_records.extend(records)
-        return agg
 
     # ---- the cluster's result ---------------------------------------------------------------------
     def backhaul(self, ctx: ClusterRound, step: int, delta: np.ndarray) -> tuple[list[pb.Tensor], list[pb.Transform]]:

@@ -58,12 +58,44 @@ class ClusterRound:
     cplan: dict                 # the cloud's plan params for this cluster (e.g. DP-FedAvg's client rate)
     participants: set[str]
     noise: NoisePlan = field(default_factory=NoisePlan)  # the releases the plan instructs (instructions.py)
+    release: object = None  # the edge's privacy around the mode's combine (release.EdgeRelease)
     attempt: int = 0
     plan: list = field(default_factory=list)
     dp_records: list = field(default_factory=list)  # every attempt's: an aborted attempt's releases count all the same
     clipped: int = 0
     outliers: int = 0  # uploads left out for a norm far beyond the phase's others
     tally: Tally = field(default_factory=Tally)
+
+
+@dataclass
+class Traffic:
+    """What the edge counts between two results to the cloud."""
+
+    up: int = 0
+    down: int = 0
+    restarts: int = 0
+    rejoined: int = 0
+
+    def take(self) -> dict:
+        out = {"bytes_up": float(self.up), "bytes_down": float(self.down), "restarts": float(self.restarts),
+               "rejoined": float(self.rejoined)}
+        self.up = self.down = self.restarts = self.rejoined = 0
+        return out
+
+
+def result_scalars(ctx: ClusterRound, members: set[str], traffic: dict, refused: int) -> dict:
+    """The scalars of a cluster's result to the cloud (before the mode's and the clock's)."""
+    scalars = {"bytes_up": traffic["bytes_up"], "bytes_down": traffic["bytes_down"],
+               "refused": float(refused + ctx.outliers), "dropped": float(len(ctx.participants) - len(members)),
+               "restarts": traffic["restarts"], "rejoined": traffic["rejoined"], "clipped": float(ctx.clipped)}
+    tally = ctx.tally
+    if tally.losses:
+        scalars["train_loss"] = float(np.mean(tally.losses))
+    if tally.q_uplink:
+        scalars["q_uplink"] = float(np.mean(tally.q_uplink))
+    if tally.betas:
+        scalars["beta_estimate"] = float(max(tally.betas))
+    return scalars
 
 
 def attempt_members(members, participants: set[str], live, may_restart: bool) -> tuple[set[str], set[str]]:

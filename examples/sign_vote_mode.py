@@ -7,7 +7,8 @@ what they do in the digital mode. The algorithm "hierfavg-signvote" runs HierFAV
     hfl run --set run.plugins='["examples/sign_vote_mode.py"]' --set run.algorithm=hierfavg-signvote
 
 A mode is one entry of common.modes.MODES naming a class per tier (docs/plugins.md); each tier's class gets that
-tier's narrow ports and overrides what differs from the digital mode.
+tier's narrow ports and overrides what differs from the digital mode. Here the edge overrides `combine` alone: the
+edge's privacy (the plan's clip before it, its noise after it) runs around it as in every mode.
 """
 from __future__ import annotations
 
@@ -25,10 +26,8 @@ def sign_vote(vectors: list[np.ndarray]) -> np.ndarray:
 
 
 class SignVoteEdge(DigitalEdge):
-    def _aggregate(self, ctx, contributions, weights, nodes, phase, step):
-        if phase.kind != plans.EDGE_MODEL_SYNC or not contributions:
-            return super()._aggregate(ctx, contributions, weights, nodes, phase, step)
-        return sign_vote([c.vec for c in contributions])
+    def combine(self, vectors, weights):
+        return sign_vote(vectors)
 
 
 MODES.register("signvote", Mode("signvote", ("ideal",), "hfl.cloud_server.modes:DigitalCloud", SignVoteEdge,

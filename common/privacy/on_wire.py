@@ -156,9 +156,35 @@ def enforce_clip(vec: np.ndarray, ins: Instruction) -> tuple[np.ndarray, bool]:
     return ins.shape.clip(vec, ins.clip, ins.calibration)
 
 
-def device_is_private(cfg) -> bool:
-    """Does a device of this run send only noised statistics of its data (a DP algorithm, or a DP codec)?"""
-    from hfl.common import plans, wire
+class DeviceRelease:
+    """A device's privacy in one round attempt, from its round plan: the clip and noise its model-sync uploads get
+    (device_release), the secret draws of its DP-SGD lots and noise, and whether it may report training statistics
+    (a private run's devices send nothing computed on their data without noise). Every draw is fresh per attempt:
+    a repeated draw would cancel between two releases."""
 
-    return bool(plans.ALGORITHMS.get(cfg.run.algorithm).privacy) or \
-        getattr(wire.CODECS.get(cfg.pipeline.uplink_encoding), "private", False)
+    def __init__(self, noise: NoisePlan, phases: Sequence[pb.Phase], node: str, index: int, round_: int, attempt: int,
+                 seed: int, source: str):
+        self.noise, self.phases = noise, phases
+        self.node, self.index, self.round, self.attempt = node, index, round_, attempt
+        self.seed, self.source = seed, source
+
+    def delta(self, delta: np.ndarray, step: int) -> tuple[np.ndarray, list[DpRecord]]:
+        from hfl.common.secret_random import dp_numpy_rng
+
+        rng = dp_numpy_rng(self.source, self.seed, "device", self.index, self.round, step, "dp_noise", self.attempt)
+        return device_release(delta, self.noise, stream_of(self.phases, step), rng, self.node, self.round)
+
+    def sgd_draws(self, step: int):
+        """DP-SGD's lots and noise for the local phase `step`."""
+        from hfl.common.secret_random import dp_draws
+
+        return dp_draws(self.source, self.seed, "device", self.index, self.round, step, "dp_sgd", self.attempt)
+
+    @property
+    def sample_instruction(self) -> Instruction | None:
+        return self.noise.get("device-sample", "sample")
+
+    def reports_stats(self, step: int) -> bool:
+        from hfl.common import plans
+
+        return not self.phases[step].params.get(plans.WITHHOLD_STATS, 0.0)

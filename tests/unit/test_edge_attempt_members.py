@@ -1,12 +1,11 @@
 """Who an edge's attempt waits for (edge_server/round_state.attempt_members) and what a member that comes back does
-to it (EdgeServer._await_barrier): one lost before the attempt began joins it as it stands, one lost during it
+to it (edge_server/attempt.ClusterAttempt.wait): one lost before the attempt began joins it as it stands, one lost during it
 restarts the round."""
 import asyncio
-import types
 
 from hfl.common.service_base import Liveness
-from hfl.edge_server.round_state import Barrier, Contribution, attempt_members
-from hfl.edge_server.service import COMPLETE, RESTART, EdgeServer
+from hfl.edge_server.attempt import COMPLETE, RESTART, ClusterAttempt
+from hfl.edge_server.round_state import Barrier, ClusterRound, Contribution, attempt_members
 
 MEMBERS = ["dev-00000", "dev-00001", "dev-00002"]
 
@@ -34,11 +33,8 @@ def test_a_member_lost_within_its_grace_is_waited_for_unless_the_cluster_cannot_
 
 
 def edge(live, may_restart=True):
-    node = EdgeServer.__new__(EdgeServer)
-    node.live, node.out, node.round = live, set(), 3
-    node.cfg = types.SimpleNamespace(net=types.SimpleNamespace(phase_timeout_s=30.0))
-    node.mode = types.SimpleNamespace(may_restart=may_restart)
-    node.round_members, node.late = attempt_members(MEMBERS, set(MEMBERS), live, may_restart)
+    node = ClusterAttempt("edge-000", ClusterRound("run", 3, {}, set(MEMBERS)), MEMBERS, live, may_restart, 30.0)
+    node.begin([])
     return node
 
 
@@ -53,7 +49,7 @@ def test_a_member_lost_between_rounds_and_back_takes_the_attempt_without_a_resta
         live.lose("dev-00002", tokens["dev-00002"], "killed between rounds")
         node, barrier = edge(live), Barrier(0, "upload")
         upload(barrier, "dev-00000", "dev-00001")
-        waiting = asyncio.create_task(node._await_barrier(barrier, 0))
+        waiting = asyncio.create_task(node.wait(barrier, 0))
         await asyncio.sleep(0.05)
         assert not waiting.done()  # waits for the late member within its grace
         live.registered("dev-00002")  # back: it fetches this attempt and uploads
@@ -70,7 +66,7 @@ def test_a_member_lost_during_the_attempt_and_back_restarts_it():
         live, tokens = cluster()
         node, barrier = edge(live), Barrier(0, "upload")
         upload(barrier, "dev-00000", "dev-00001")
-        waiting = asyncio.create_task(node._await_barrier(barrier, 0))
+        waiting = asyncio.create_task(node.wait(barrier, 0))
         await asyncio.sleep(0.05)
         live.lose("dev-00001", tokens["dev-00001"], "killed after its upload")
         await asyncio.sleep(0.05)
@@ -86,6 +82,6 @@ def test_a_late_member_past_its_grace_is_dropped_and_the_others_complete():
         live.lose("dev-00002", tokens["dev-00002"], "killed for good")
         node, barrier = edge(live), Barrier(0, "upload")
         upload(barrier, "dev-00000", "dev-00001")
-        assert await asyncio.wait_for(node._await_barrier(barrier, 0), 5) == COMPLETE
+        assert await asyncio.wait_for(node.wait(barrier, 0), 5) == COMPLETE
         assert node.out == {"dev-00002"}
     asyncio.run(go())

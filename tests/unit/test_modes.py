@@ -49,7 +49,7 @@ def test_sign_vote_is_the_majority_sign_at_the_mean_step():
 
 
 SERVICES = ["cloud_server/service.py", "edge_server/service.py", "device_client/host.py"]
-FLAGS = r"\.(?:relay|medium|plane|fusion|policy|controller|own_w|relay_key)\b|ALGORITHMS\.get\([^)]*\)\.\w+|\bis_private"
+FLAGS = r"\.(?:relay|medium|plane|fusion|policy|controller|own_w|relay_key|private)\b|ALGORITHMS\.get\([^)]*\)\.\w+|\bis_private"
 
 
 @pytest.mark.parametrize("path", SERVICES)

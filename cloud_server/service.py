@@ -54,6 +54,9 @@ class CloudServer(Gate, pbg.CloudServiceServicer):
     stop_reason = property(lambda self: self.driver.stop_reason)
     edges = property(lambda self: self.roster.edges)
     live = property(lambda self: self.roster.live)
+    started = property(lambda self: self.roster.started)
+    ready = property(lambda self: self.roster.ready)
+    plan = property(lambda self: self.driver.plan)
 
     @property
     def on_round(self):

@@ -55,6 +55,7 @@ class EdgeServer(Gate, pbg.EdgeServiceServicer):
     run_id = property(lambda self: self.spec.run_id if self.spec else "")
     members = property(lambda self: self.spec.members if self.spec else [])
     round = property(lambda self: self.current.round if self.current else -1)
+    attempt = property(lambda self: self.current.ctx.attempt if self.current else 0)  # observers (/metrics)
     chunk_bytes = property(lambda self: self.cfg.net.chunk_kib * 1024)
     max_bytes = property(lambda self: self.cfg.net.max_message_mb << 20)
     bytes_down = property(lambda self: self.traffic.down, lambda self, n: setattr(self.traffic, "down", n))  # the gate's

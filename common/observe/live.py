@@ -157,6 +157,7 @@ class CloudView:
         for e in self.cloud.edges:
             report = self.device_reports.get(e, {})
             reported, age = report.get("devices", {}), now - report.get("at", now)
+            ended = self.edge_state(e) == "done"  # its devices took the final task with it: they are done too
             rows = []
             for d in topology.edge_members(self.cfg, topology.edge_index(e)):
                 figures = reported.get(d)
@@ -166,6 +167,8 @@ class CloudView:
                 seen = figures["last_seen_s"]
                 rows.append({"id": d, **figures, "last_seen_s": None if seen is None else round(seen + age, 1),
                              "round_s": None if figures["round_s"] is None else round(figures["round_s"], 3)})
+                if ended and rows[-1].get("state") in ("live", "rejoined", "late", "waiting"):
+                    rows[-1]["state"] = "done"
             out.append({"edge": e, "round": report.get("round"), "devices": rows})
         return out
 

@@ -50,7 +50,7 @@
         label: s.label, stroke: COLORS[i % COLORS.length], width: 2, spanGaps: true,
         points: { show: true, size: 5 }, scale: s.scale || "y",
       }))),
-      legend: { show: true },
+      legend: { show: true, live: false },  // series names, not the hovered values ("--" until a hover)
     };
     const data = [[]].concat(series.map(() => []));
     return { plot: new uPlot(opts, data, el), series: series, el: el };
@@ -69,7 +69,7 @@
       c = charts[chartId] = makeChart(chartId, series, xLabel);
     }
     const pts = rows.filter((r) => r[xKey] != null);
-    const data = [pts.map((r) => xKey === "round" ? r.round + 1 : r[xKey])]
+    const data = [pts.map((r) => r[xKey])]  // rounds from 0, as in metrics.jsonl and the run's PNGs
       .concat(series.map((s) => pts.map((r) => r[s.key] == null ? null : r[s.key] * (scale || 1))));
     c.plot.setData(data);
     c.el.dataset.points = String(pts.length);
@@ -250,9 +250,20 @@
     });
     $("topology").replaceChildren(root);
     const m = $("medium");
-    m.textContent = topo.medium ? "wireless medium: " + Object.entries(topo.medium)
-      .filter(([, v]) => v != null).map(([k, v]) => k + " " + (typeof v === "number" ? Number(v).toPrecision(4) : v))
-      .join(", ") : "";
+    m.replaceChildren();
+    if (topo.medium) {  // a small table of the medium's figures, not a dump of its keys
+      const caption = document.createElement("div");
+      caption.textContent = "wireless medium";
+      const table = document.createElement("table");
+      table.className = "medium";
+      for (const [k, v] of Object.entries(topo.medium)) {
+        if (v == null) continue;
+        const tr = table.insertRow();
+        tr.insertCell().textContent = k.replace(/_/g, " ");
+        tr.insertCell().textContent = typeof v === "number" ? Number(v).toPrecision(4) : String(v);
+      }
+      m.append(caption, table);
+    }
   }
 
   // The wireless medium's plane: the run's clusters up close, and the whole window with its interferers. Interferer
@@ -343,9 +354,15 @@
   function render(s) {
     const p = s.progress, run = s.run;
     text($("title"), `${run.algorithm} on ${run.dataset} / ${run.model}, ${run.edges} edges x ${run.devices_per_edge} devices, run ${run.run_id}`);
-    $("round").textContent = (p.round < 0 ? 0 : Math.min(p.round + 1, run.rounds)) + " / " + run.rounds;
+    $("round").textContent = p.completed + " / " + run.rounds;  // rounds done: the rows written, as the charts
     $("round").dataset.round = String(p.round);
     $("round").dataset.completed = String(p.completed);
+    // panels whose content is wider than the panel (a table cut at the window's width), for the browser test
+    requestAnimationFrame(() => {
+      document.body.dataset.clipped = Array.from(document.querySelectorAll(".panel"))
+        .filter((el) => !el.hidden && el.scrollWidth > el.clientWidth + 1).map((el) => el.id || el.querySelector("h2")?.textContent || "?")
+        .join(",");
+    });
     text($("phase"), p.phase);
     text($("attempt"), p.attempt);
     text($("elapsed"), fmtSeconds(p.elapsed_s));

@@ -55,7 +55,7 @@ def plot_data_report(run_dir: pathlib.Path, report: dict, title: str = "") -> No
     import numpy as np
 
     hist = np.array([e["labels"] for e in report["edges"]], dtype=float)  # [edges, classes]
-    fig, ax = plt.subplots(figsize=(min(12, 2 + 0.5 * len(hist)), 3), dpi=80)
+    fig, ax = plt.subplots(figsize=(min(12, 3 + 0.5 * len(hist)), 3.5), dpi=200)  # readable at print size
     bottom = np.zeros(len(hist))
     colors = plt.get_cmap("tab10" if hist.shape[1] <= 10 else "tab20")
     for c in range(hist.shape[1]):
@@ -65,7 +65,7 @@ def plot_data_report(run_dir: pathlib.Path, report: dict, title: str = "") -> No
     ax.set_ylabel("samples")
     ax.set_xticks(np.arange(len(hist)))
     ax.set_title(title or "label distribution per edge", fontsize=9)
-    ax.legend(title="label", fontsize=6, title_fontsize=7, ncol=2, bbox_to_anchor=(1.01, 1), loc="upper left")
+    ax.legend(title="label", fontsize=8, title_fontsize=9, ncol=2, bbox_to_anchor=(1.01, 1), loc="upper left")
     fig.tight_layout()
     fig.savefig(run_dir / "data.png")
     plt.close(fig)

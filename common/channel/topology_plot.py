@@ -18,7 +18,7 @@ def draw_topology(topology: Topology, path: str | pathlib.Path, title: str = "")
     path = pathlib.Path(path)
     collab_edge = np.arange(topology.n_edges) < topology.collaborating
     collab_dev = topology.device_edge < topology.collaborating
-    fig, ax = plt.subplots(figsize=(7, 7), dpi=110)
+    fig, ax = plt.subplots(figsize=(7, 7), dpi=200)  # readable at print size
     ax.add_patch(Circle((0, 0), topology.window_radius, fill=False, ls=":", lw=0.8, color="grey"))
     ax.scatter(*topology.devices[~collab_dev].T, s=2, c="#bbbbbb", label="interferer devices")
     ax.scatter(*topology.devices[collab_dev].T, s=4, c="tab:blue", label="collaborating devices")
@@ -30,7 +30,7 @@ def draw_topology(topology: Topology, path: str | pathlib.Path, title: str = "")
     ax.set_xlabel("x (m)")
     ax.set_ylabel("y (m)")
     ax.set_title(title or f"MCP-H: {topology.n_edges} edges, {topology.n_devices} devices, C = {topology.collaborating}")
-    ax.legend(loc="upper right", fontsize=7)
+    ax.legend(loc="upper right", fontsize=9)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

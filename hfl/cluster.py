@@ -267,22 +267,23 @@ def execute(spec, todo, out: pathlib.Path, table: dict, address: str, ray, conso
                 except ray.exceptions.RayTaskError as exc:  # the task's own code raised outside the run
                     errors[run.run_dir] = f"{exc.__class__.__name__}: {str(exc).splitlines()[0]}"
                     progress.update(overall, advance=1)
-                    progress.console.print(f"FAILED {label}: {errors[run.run_dir]}", markup=False)
+                    progress.console.print(f"FAILED {label}: {errors[run.run_dir]}", markup=False, soft_wrap=True)
                     continue
                 except ray.exceptions.RayError as exc:  # lost with its node or worker: once more, elsewhere
                     now = alive_nodes(ray)
                     gone = [n["name"] for k, n in nodes.items() if k not in now]
                     nodes.update(now)
-                    where = f"node {', '.join(gone)} gone" if gone else "its worker died"
+                    where = (f"node {', '.join(gone)} gone" if gone else "its node died"
+                             if isinstance(exc, ray.exceptions.NodeDiedError) else "its worker died")
                     if attempt == 1:
                         retried[rel] = f"{exc.__class__.__name__} ({where})"
                         progress.console.print(f"LOST {label} ({exc.__class__.__name__}, {where}): retrying once on "
-                                               f"another node", markup=False)
+                                               f"another node", markup=False, soft_wrap=True)
                         pending[submit(run)] = (run, 2, time.monotonic())
                     else:
                         errors[run.run_dir] = f"lost twice: {exc.__class__.__name__} ({where})"
                         progress.update(overall, advance=1)
-                        progress.console.print(f"FAILED {label}: {errors[run.run_dir]}", markup=False)
+                        progress.console.print(f"FAILED {label}: {errors[run.run_dir]}", markup=False, soft_wrap=True)
                     continue
                 node = result["node"]
                 if node["node_id"] not in nodes:
@@ -303,7 +304,7 @@ def execute(spec, todo, out: pathlib.Path, table: dict, address: str, ray, conso
                 placed[rel] = name
                 if result["error"] is not None:  # its logs came back: name them where they are now
                     errors[run.run_dir] = result["error"].replace(result["run_dir"], str(run.run_dir))
-                    line = f"FAILED {label}: {result['error'].splitlines()[0]}"
+                    line = f"FAILED {label}: {errors[run.run_dir].splitlines()[0]}"
                     show(name, "failed")
                 else:
                     summary = json.loads((run.run_dir / "summary.json").read_text())
@@ -311,7 +312,7 @@ def execute(spec, todo, out: pathlib.Path, table: dict, address: str, ray, conso
                     show(name, "done")
                 progress.update(overall, advance=1)
                 progress.console.print(f"{line} ({time.monotonic() - t0:.1f}s on {name}"
-                                       + (", retried" if attempt > 1 else "") + ")", markup=False)
+                                       + (", retried" if attempt > 1 else "") + ")", markup=False, soft_wrap=True)
     except KeyboardInterrupt:
         for ref in pending:
             ray.cancel(ref, force=True)

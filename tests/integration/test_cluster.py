@@ -1,0 +1,280 @@
+"""`hfl sweep --cluster` on a real two-node Ray cluster on this machine (hfl/cluster.py; docs/cluster.md).
+
+The cluster lives in a network namespace of the test's own with only `lo` (`unshare -n`), so every Ray address is
+127.0.0.1 (Ray otherwise binds the host's interface address): a head and a second node started by `ray start
+--address`, each with its own temp dir and a custom resource (hfl_node_a, hfl_node_b), so that where a run ran is
+observable in its node.json. The sweep's driver runs in the namespace too (nsenter). Every process the tests start
+is in that namespace, and the teardown stops each one by its PID (never `ray stop`, which stops every Ray process of
+the machine by name) and checks that none is left. Skipped where Ray (the `cluster` extra) is not installed or
+`unshare -n` is not allowed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+HEAD = "127.0.0.1:6379"  # the namespace is the test's own: Ray's default port cannot clash with anything
+
+TINY = """\
+name = "tiny"
+config = "{root}/deploy/configs/default.toml"
+seeds = [0, 1]
+[base]
+"run.rounds" = {rounds}
+"topology.edges" = 1
+"topology.devices_per_edge" = 2
+"topology.device_hosts" = 1
+"model.name" = "mlp"
+"data.max_test_samples" = 200
+"net.phase_timeout_s" = 60
+"net.join_timeout_s" = 120
+[grid]
+"train.lr" = [0.05, 0.1]
+[cluster]
+cpus = {cpus}
+memory_gb = 0.5
+[report]
+fields = ["final_accuracy", "best_accuracy", "bytes_up"]
+curves = ["accuracy"]
+x = ["round"]
+"""
+
+
+def spec(tmp_path, rounds=1, cpus=1, name="tiny.toml") -> pathlib.Path:
+    path = tmp_path / name
+    path.write_text(TINY.format(root=ROOT, rounds=rounds, cpus=cpus))
+    return path
+
+
+def hfl_sweep(*args, ns: int | None = None, timeout=600, env=None) -> subprocess.CompletedProcess:
+    argv = [sys.executable, "-m", "hfl.cli", "sweep", *map(str, args), "--quiet"]
+    return subprocess.run((["nsenter", "-t", str(ns), "-n"] if ns else []) + argv, cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, stdin=subprocess.DEVNULL, env=env)
+
+
+# ---- without a cluster -----------------------------------------------------------------------------
+def test_ray_is_imported_by_the_cluster_module_only():
+    importers = [p.relative_to(ROOT).as_posix() for folder in ("hfl", "common", "cloud_server", "edge_server",
+                                                                  "device_client")
+                 for p in (ROOT / folder).rglob("*.py")
+                 if any(line.strip().startswith(("import ray", "from ray")) for line in p.read_text().splitlines())]
+    assert importers == ["hfl/cluster.py"]
+    code = "import sys, hfl.sweep, hfl.cli, hfl.cluster; print('ray' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "False"  # a local sweep, `hfl run` and the CLI never load Ray
+
+
+def test_bad_input_is_one_line_before_anything_starts(tmp_path):
+    good = spec(tmp_path)
+    bad = tmp_path / "bad.toml"
+    bad.write_text(good.read_text().replace("cpus = 1", "cpu = 1"))
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    cases = {(bad, "127.0.0.1:1"): "sweep spec error: unknown key 'cpu' in [cluster]; allowed keys: cpus, memory_gb",
+             (good, "127.0.0.1:1"): "cluster error: --cluster 127.0.0.1:1: cannot reach a Ray head there",
+             (good, "auto"): "cluster error: --cluster auto: RAY_ADDRESS is not set"}
+    for (path, address), message in cases.items():
+        done = hfl_sweep(path, "--out", out, "--cluster", address, env=env, timeout=120)
+        assert done.returncode == 2 and done.stderr.startswith(message), done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    no_ray = ("import sys; sys.modules['ray'] = None; from hfl.cli import main; "
+              f"sys.argv = ['hfl', 'sweep', {str(good)!r}, '--out', {str(out)!r}, '--cluster', '127.0.0.1:1']; "
+              "sys.exit(main())")
+    done = subprocess.run([sys.executable, "-c", no_ray], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 2
+    assert done.stderr.strip() == ('cluster error: --cluster needs Ray, which is not installed: pip install -e '
+                                   '".[cluster]" (the `cluster` extra)')
+    assert not out.exists()
+    over = tmp_path / "over.toml"
+    over.write_text(good.read_text().replace('[grid]', '[variants.big]\n"cluster.cpus" = 0\n[grid]'))
+    done = hfl_sweep(over, "--out", out, "--dry-run", timeout=120)
+    assert done.returncode == 2 and "(variants.big): cluster.* cpus must be a positive number" in done.stderr, done.stderr
+
+
+# ---- a two-node cluster on 127.0.0.1 -------------------------------------------------------------------
+def _netns_pids(holder: int) -> list[int]:
+    """Every process in the holder's network namespace but the holder: the processes this test started there."""
+    ns = os.readlink(f"/proc/{holder}/ns/net")
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != holder:
+            try:
+                if os.readlink(f"/proc/{entry}/ns/net") == ns:
+                    found.append(int(entry))
+            except OSError:
+                pass  # gone, or not ours to read
+    return found
+
+
+def _stop(pids: list[int], grace: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL what still runs after `grace`; back once every one has exited (or after `grace` more)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            try:
+                if _alive(pid):
+                    os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(_alive(p) for p in pids):
+            time.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _ray_start(holder: int, *args: str) -> None:
+    done = subprocess.run(["nsenter", "-t", str(holder), "-n", shutil.which("ray") or "ray", "start",
+                           "--node-ip-address", "127.0.0.1", "--num-cpus", "1", "--disable-usage-stats", *args],
+                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def _raylet_of(holder: int, temp_dir: pathlib.Path) -> int:
+    for pid in _netns_pids(holder):
+        try:
+            argv = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith(b"/raylet") and any(str(temp_dir).encode() in a for a in argv):
+            return pid
+    raise AssertionError(f"no raylet with temp dir {temp_dir}")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    pytest.importorskip("ray", reason='Ray is not installed: pip install -e ".[cluster]"')
+    if shutil.which("unshare") is None or shutil.which("nsenter") is None or shutil.which("ip") is None:
+        pytest.skip("needs unshare, nsenter and ip (util-linux, iproute2) for a loopback-only network namespace")
+    if subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode != 0:
+        pytest.skip("`unshare -n` is not allowed here (needs CAP_SYS_ADMIN): no loopback-only namespace for Ray")
+    base = tmp_path_factory.mktemp("ray")
+    holder = subprocess.Popen(["unshare", "-n", "sleep", "3600"], stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while os.readlink(f"/proc/{holder.pid}/ns/net") == os.readlink("/proc/self/ns/net"):
+            assert time.monotonic() < deadline, "unshare did not enter its namespace"
+            time.sleep(0.05)
+        subprocess.run(["nsenter", "-t", str(holder.pid), "-n", "ip", "link", "set", "lo", "up"], check=True)
+        dirs = {"a": base / "a", "b": base / "b"}
+        _ray_start(holder.pid, "--head", "--port", HEAD.rsplit(":", 1)[1], "--include-dashboard", "false",
+                   "--resources", '{"hfl_node_a": 1}', "--temp-dir", str(dirs["a"]))
+        _ray_start(holder.pid, "--address", HEAD, "--resources", '{"hfl_node_b": 1}', "--temp-dir", str(dirs["b"]))
+        yield {"ns": holder.pid, "dirs": dirs}
+    finally:
+        if holder.poll() is None:
+            for _ in range(3):  # a raylet may start a worker while the others stop: again until none is left
+                _stop(_netns_pids(holder.pid))
+            left = [p for p in _netns_pids(holder.pid) if _alive(p)]
+            holder.kill()
+            holder.wait()
+            assert not left, f"processes left in the test's namespace: {left}"
+
+
+def _without_timing(result: dict) -> dict:
+    """results.json less what differs between any two sweeps of a spec: the provenance, the run times, the paths."""
+    out = {k: v for k, v in result.items() if k not in ("provenance", "spec")}
+    out["cells"] = [{**{k: v for k, v in c.items() if k not in ("timing", "runs")},
+                     "runs": [{k: v for k, v in r.items() if k != "run_dir"} for r in c["runs"]]} for c in result["cells"]]
+    return out
+
+
+def _nodes_used(out: pathlib.Path) -> dict[str, dict]:
+    return {p.parent.relative_to(out).as_posix(): json.loads(p.read_text()) for p in sorted(out.glob("*/seed-*/node.json"))}
+
+
+def test_a_sweep_runs_on_both_nodes_and_equals_a_local_sweep(cluster, tmp_path):
+    path = spec(tmp_path)
+    over = tmp_path / "over.toml"
+    over.write_text(path.read_text().replace("cpus = 1", "cpus = 3"))
+    done = hfl_sweep(over, "--out", tmp_path / "x", "--cluster", HEAD, ns=cluster["ns"], timeout=180)
+    assert done.returncode == 2 and "a run reserves 3 CPUs, more than any node has (at most 1)" in done.stderr
+    dry = hfl_sweep(path, "--out", tmp_path / "remote", "--cluster", HEAD, "--dry-run", ns=cluster["ns"], timeout=180)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert "2 nodes" in dry.stderr and dry.stderr.count("1 CPU, 0.5 GiB") == 4 and "estimate:" in dry.stderr
+
+    t0 = time.monotonic()
+    remote = hfl_sweep(path, "--out", tmp_path / "remote", "--cluster", HEAD, ns=cluster["ns"])
+    remote_s = time.monotonic() - t0
+    assert remote.returncode == 0, remote.stderr[-3000:]
+    t0 = time.monotonic()
+    local = hfl_sweep(path, "--out", tmp_path / "local", "--jobs", "2")
+    local_s = time.monotonic() - t0
+    assert local.returncode == 0, local.stderr[-3000:]
+    nodes = _nodes_used(tmp_path / "remote")
+    assert len(nodes) == 4
+    print(f"two-node sweep {remote_s:.1f} s, local --jobs 2 {local_s:.1f} s; nodes: "
+          + ", ".join(f"{run} {n['custom_resources']}" for run, n in nodes.items()))
+    assert {tuple(n["custom_resources"]) for n in nodes.values()} == {("hfl_node_a",), ("hfl_node_b",)}
+    assert all(n["attempt"] == 1 and n["ip"] == "127.0.0.1" for n in nodes.values())
+    got = json.loads((tmp_path / "remote" / "results.json").read_text())
+    want = json.loads((tmp_path / "local" / "results.json").read_text())
+    assert _without_timing(got) == _without_timing(want)
+    placed = got["provenance"]["cluster"]
+    assert placed["address"] == HEAD and sum(placed["runs_per_node"].values()) == 4 and len(placed["runs_per_node"]) == 2
+    assert "Ray cluster 127.0.0.1:6379: runs per node" in (tmp_path / "remote" / "results.md").read_text()
+
+    again = hfl_sweep(path, "--out", tmp_path / "remote", "--cluster", HEAD, ns=cluster["ns"])
+    assert again.returncode == 0 and "0 to run, 4 already finished" in again.stderr, again.stderr[-3000:]
+
+
+def test_a_run_lost_with_its_node_is_retried_and_the_sweep_finishes(cluster, tmp_path):
+    """The second node's raylet killed (SIGKILL, by its PID) while a run is under way there: that run is lost with
+    the node, submitted once more, and lands on the head; every run ends done. Runs last here until last."""
+    path = spec(tmp_path, rounds=3)
+    out = tmp_path / "lost"
+    argv = ["nsenter", "-t", str(cluster["ns"]), "-n", sys.executable, "-m", "hfl.cli", "sweep", str(path), "--out",
+            str(out), "--quiet", "--cluster", HEAD]
+    driver = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              stdin=subprocess.DEVNULL)
+    try:
+        raylet = _raylet_of(cluster["ns"], cluster["dirs"]["b"])
+        deadline = time.monotonic() + 300
+        while not _runs_a_task(raylet):  # a run under way on node b: its worker is the raylet's child
+            assert driver.poll() is None and time.monotonic() < deadline, "no run started on the second node"
+            time.sleep(0.2)
+        time.sleep(2.0)  # its testbed started
+        os.kill(raylet, signal.SIGKILL)
+        stdout, stderr = driver.communicate(timeout=600)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    assert driver.returncode == 0, stderr[-3000:]
+    assert "LOST " in stderr and "retrying once on another node" in stderr, stderr[-3000:]
+    nodes = _nodes_used(out)
+    assert len(nodes) == 4 and all((out / run / "summary.json").is_file() for run in nodes)
+    retried = [n for n in nodes.values() if n["attempt"] == 2]
+    assert len(retried) == 1 and retried[0]["custom_resources"] == ["hfl_node_a"] and "lost_first" in retried[0]
+    result = json.loads((out / "results.json").read_text())
+    assert all(len(c["finished"]) == 2 for c in result["cells"])
+    assert len(result["provenance"]["cluster"]["retried"]) == 1
+
+
+def _runs_a_task(raylet: int) -> bool:
+    """Whether one of the raylet's workers runs a run (a busy worker is titled ray::TASK_NAME: hfl-SPEC-CELL-seed-S)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = pathlib.Path(f"/proc/{entry}/stat").read_text()
+            title = pathlib.Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == raylet and title.startswith(b"ray::hfl-"):
+            return True
+    return False

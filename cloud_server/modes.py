@@ -14,7 +14,7 @@ from typing import Callable
 import grpc
 import numpy as np
 
-from hfl.common import plans, robust, topology, wire
+from hfl.common import modes, plans, robust, topology, wire
 from hfl.common.pipeline import Link
 from hfl.common.privacy.trust import sample_participants
 from hfl.common.seeding import numpy_rng
@@ -223,3 +223,8 @@ class AirCloud(DigitalCloud):
             values = [r.get(f"accuracy_{name}") for r in evaluated if r.get(f"accuracy_{name}") is not None]
             out[f"final_accuracy_{name}"] = values[-1] if values else None
         return out
+
+
+modes.register_tier("cloud", "digital", DigitalCloud)
+modes.register_tier("cloud", "relay", RelayCloud)
+modes.register_tier("cloud", "air", AirCloud)

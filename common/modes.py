@@ -3,14 +3,13 @@
 A mode is chosen once, from the algorithm (`plans.Algorithm.mode`), and each tier builds its own object for it;
 the services call that object at fixed points and never ask which mode runs. `digital` (device -> edge -> cloud
 model deltas), `relay` (the edges forward every device upload unchanged to the cloud's fusion, paper 004) and `air`
-(analog uploads through the cloud's wireless medium, paper 003) are registered here; a plugin adds a mode with
-`MODES.register(name, Mode(...))` and its tier classes, no service edit.
-
-Tier classes are named by import path ("package.module:Class") so that this module imports none of them.
+(analog uploads through the cloud's wireless medium, paper 003) are registered here; each tier registers its own
+class for a mode (`register_tier`, in the tier's modes module), so this module imports none of them. A plugin adds a
+mode with `MODES.register(name, Mode(...))` and the tier classes that differ from the mode it is `like`; no service
+edit.
 """
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 
 from .registry import Registry
@@ -22,35 +21,35 @@ TIERS = ("cloud", "edge", "device")
 class Mode:
     name: str
     channel_models: tuple[str, ...]  # the channel.model values the mode runs on
-    cloud: str | type                # "module:Class" or the class itself; built with the tier's ports
-    edge: str | type
-    device: str | type
     wire: str = ""                   # what travels, for the README's algorithm table
-
-    def tier(self, which: str) -> type:
-        if which not in TIERS:
-            raise ValueError(f"tier {which!r}: one of {', '.join(TIERS)}")
-        target = getattr(self, which)
-        if isinstance(target, str):
-            module, _, attr = target.partition(":")
-            target = getattr(importlib.import_module(module), attr)
-        return target
+    like: str = ""                   # a tier that registers no class of this mode's builds that mode's
 
 
 MODES: Registry[Mode] = Registry("round mode")
+TIER_CLASSES: dict[str, Registry[type]] = {t: Registry(f"{t} class of round mode") for t in TIERS}
 
 MODES.register("digital", Mode(
-    "digital", ("ideal",), "hfl.cloud_server.modes:DigitalCloud", "hfl.edge_server.modes:DigitalEdge",
-    "hfl.device_client.modes:DigitalDevice",
-    "device -> edge -> cloud model deltas (or gradients), `pipeline.*_encoding`"))
+    "digital", ("ideal",), "device -> edge -> cloud model deltas (or gradients), `pipeline.*_encoding`"))
 MODES.register("relay", Mode(
-    "relay", ("ideal",), "hfl.cloud_server.modes:RelayCloud", "hfl.edge_server.modes:RelayEdge",
-    "hfl.device_client.modes:RelayDevice",
-    "quantized device uploads, relayed unchanged by the edges to the cloud's fusion"))
+    "relay", ("ideal",), "quantized device uploads, relayed unchanged by the edges to the cloud's fusion"))
 MODES.register("air", Mode(
-    "air", ("ota", "orthogonal"), "hfl.cloud_server.modes:AirCloud", "hfl.edge_server.modes:AirEdge",
-    "hfl.device_client.modes:AirDevice",
+    "air", ("ota", "orthogonal"),
     "analog model / gradient over the air (the cloud's medium), devices -> edge -> cloud"))
+
+
+def register_tier(tier: str, mode: str, cls: type | None = None):
+    """Register `cls` as `tier`'s class of round mode `mode` (a decorator without `cls`)."""
+    if tier not in TIERS:
+        raise ValueError(f"tier {tier!r}: one of {', '.join(TIERS)}")
+    return TIER_CLASSES[tier].register(mode, cls)
+
+
+def tier_class(mode: Mode, tier: str) -> type:
+    """`tier`'s class of `mode` (its tier module must be imported: the tier's own services import it)."""
+    if tier not in TIERS:
+        raise ValueError(f"tier {tier!r}: one of {', '.join(TIERS)}")
+    classes = TIER_CLASSES[tier]
+    return classes.get(mode.name if mode.name in classes or not mode.like else mode.like)
 
 
 def mode_of(cfg) -> Mode:
@@ -61,4 +60,4 @@ def mode_of(cfg) -> Mode:
 
 def build(cfg, which: str, ports):
     """The tier's object of the configured algorithm's mode."""
-    return mode_of(cfg).tier(which)(ports)
+    return tier_class(mode_of(cfg), which)(ports)

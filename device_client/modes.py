@@ -11,7 +11,7 @@ from typing import Awaitable, Callable
 import numpy as np
 import torch
 
-from hfl.common import plans, relay_tag, wire
+from hfl.common import modes, plans, relay_tag, wire
 from hfl.proto import hfl_v1_pb2 as pb
 
 from . import phases as device_phases
@@ -153,3 +153,8 @@ class AirDevice(DigitalDevice):
 
 for _kind in plans.AIR_PHASES:
     device_phases.PHASES.register(_kind, device_phases.mode_phase)
+
+
+modes.register_tier("device", "digital", DigitalDevice)
+modes.register_tier("device", "relay", RelayDevice)
+modes.register_tier("device", "air", AirDevice)

@@ -163,7 +163,7 @@ class ClusterAttempt:
 
     def withdraw(self, meta: pb.Meta) -> None:
         """A member whose own upload was refused says it sits out the rest of the round: stop waiting for it."""
-        if meta.round != self.round or meta.attempt != self.attempt:
+        if meta.run_id != self.ctx.run_id or meta.round != self.round or meta.attempt != self.attempt:
             raise wire.WireError(grpc.StatusCode.FAILED_PRECONDITION, "withdraw from a round that is not in progress",
                                  "wrong_round")
         node = meta.sender_id
@@ -207,3 +207,6 @@ class ClusterAttempt:
                 deadline = float("inf")
                 continue
             await live.wait(deadline)
+
+
+ClusterAttempt.NONE = ClusterAttempt("", ClusterRound("", -1, {}, set()), [], None, False, 0.0)  # before any round

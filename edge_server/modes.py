@@ -11,7 +11,7 @@ from typing import Awaitable, Callable
 import grpc
 import numpy as np
 
-from hfl.common import plans, robust, topology, validate, wire
+from hfl.common import modes, plans, robust, topology, validate, wire
 from hfl.common.pipeline import Link
 from hfl.common.privacy import on_wire
 from hfl.common.quantization import precision
@@ -274,3 +274,8 @@ class AirEdge(DigitalEdge):
 
     def report(self, ctx, members):
         return {"air_dropped": float(len(ctx.tally.dropped & members))}
+
+
+modes.register_tier("edge", "digital", DigitalEdge)
+modes.register_tier("edge", "relay", RelayEdge)
+modes.register_tier("edge", "air", AirEdge)

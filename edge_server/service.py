@@ -155,11 +155,11 @@ class EdgeServer(Gate, pbg.EdgeServiceServicer):
         try:
             self._check_ready()
             envelope, size = await read()
-            validate.check_meta(envelope.meta, self.cfg.run.rounds, len(self.current.ctx.plan) if self.current else 1)
+            validate.check_meta(envelope.meta, self.cfg.run.rounds, len(self.current.ctx.plan if self.current else ()) or 1)
             self._authenticate(context, envelope.meta.sender_id)
             node = envelope.meta.sender_id
             if envelope.meta.withdraw:
-                self._attempt_of(envelope.meta).withdraw(envelope.meta)
+                (self.current or ClusterAttempt.NONE).withdraw(envelope.meta)
                 return [pb.Chunk(data=b"")], 0
             barrier, contribution = self._validate(envelope)
         except wire.WireError as exc:

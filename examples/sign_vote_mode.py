@@ -6,16 +6,17 @@ what they do in the digital mode. The algorithm "hierfavg-signvote" runs HierFAV
 
     hfl run --set run.plugins='["examples/sign_vote_mode.py"]' --set run.algorithm=hierfavg-signvote
 
-A mode is one entry of common.modes.MODES naming a class per tier (docs/plugins.md); each tier's class gets that
-tier's narrow ports and overrides what differs from the digital mode. Here the edge overrides `combine` alone: the
-edge's privacy (the plan's clip before it, its noise after it) runs around it as in every mode.
+A mode is one entry of common.modes.MODES; each tier registers its own class for it, and a tier that registers none
+builds the class of the mode it is `like` (here the cloud's and the devices' digital classes). A tier's class gets
+that tier's narrow ports and overrides what differs. Here the edge overrides `combine` alone: the edge's privacy (the
+plan's clip before it, its noise after it) runs around it as in every mode.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from hfl.common import plans
-from hfl.common.modes import MODES, Mode
+from hfl.common.modes import MODES, Mode, register_tier
 from hfl.edge_server.modes import DigitalEdge
 
 
@@ -30,9 +31,9 @@ class SignVoteEdge(DigitalEdge):
         return sign_vote(vectors)
 
 
-MODES.register("signvote", Mode("signvote", ("ideal",), "hfl.cloud_server.modes:DigitalCloud", SignVoteEdge,
-                                "hfl.device_client.modes:DigitalDevice",
-                                "device -> edge model deltas, settled by a majority vote of their signs"))
+MODES.register("signvote", Mode("signvote", ("ideal",), "device -> edge model deltas, settled by a majority vote of "
+                                "their signs", like="digital"))
+register_tier("edge", "signvote", SignVoteEdge)
 plans.ALGORITHMS.register("hierfavg-signvote", plans.Algorithm(
     "hierfavg-signvote", plans.hierfavg, "samples", "devices", "example plugin: HierFAVG with sign-vote edges",
     mode="signvote"))

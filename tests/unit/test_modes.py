@@ -13,17 +13,27 @@ ROOT = pathlib.Path(__file__).parents[2]
 
 
 def test_every_algorithm_names_a_registered_mode_and_every_tier_class_resolves():
+    from hfl.cloud_server import modes as cloud_modes  # noqa: F401 - each tier registers its own classes
+    from hfl.device_client import modes as device_modes  # noqa: F401
+    from hfl.edge_server import modes as edge_modes  # noqa: F401
+
     assert {"digital", "relay", "air"} <= set(modes.MODES)
     for name in plans.ALGORITHMS:
         mode = modes.MODES.get(plans.ALGORITHMS.get(name).mode)
         for tier in modes.TIERS:
-            assert isinstance(mode.tier(tier), type)
+            assert isinstance(modes.tier_class(mode, tier), type)
     assert plans.ALGORITHMS.get("dpsq-fl").mode == "relay" and plans.ALGORITHMS.get("multiairfed").mode == "air"
     assert plans.ALGORITHMS.get("hierfavg").mode == "digital"
     with pytest.raises(KeyError, match="unknown round mode 'smoke'"):
         modes.MODES.get("smoke")
     with pytest.raises(ValueError, match="tier 'fog'"):
-        modes.MODES.get("digital").tier("fog")
+        modes.tier_class(modes.MODES.get("digital"), "fog")
+    assert modes.tier_class(modes.MODES.get("air"), "edge") is edge_modes.AirEdge
+
+
+def test_the_engine_names_no_tier_class():
+    text = (ROOT / "common" / "modes.py").read_text()
+    assert not re.search(r"hfl\.(cloud_server|edge_server|device_client)", text)
 
 
 @pytest.mark.parametrize("overrides, message", [

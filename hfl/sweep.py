@@ -575,6 +575,21 @@ def provenance_markdown(prov: dict[str, Any] | None) -> str:
                             else "") + " (each run's node: CELL/seed-S/node.json)"] if prov.get("cluster") else []) + [""])
 
 
+def round_curves(runs: list[Run], out: pathlib.Path) -> dict[str, list[dict]]:
+    """Each cell's per-round curves (accuracy, loss, emulated time: mean and std over its seeds), also written as
+    OUT/curves.csv; what `hfl plot` draws."""
+    from hfl import plot_cli
+
+    dirs: dict[str, list[pathlib.Path]] = {}
+    for run in runs:
+        if (run.run_dir / "metrics.jsonl").is_file():
+            dirs.setdefault(run.cell, []).append(run.run_dir)
+    curves = {cell: plot_cli.curves(found) for cell, found in dirs.items()}
+    if curves:
+        plot_cli.write_csv(curves, out / "curves.csv")
+    return curves
+
+
 def write_results(spec: Spec, runs: list[Run], out: pathlib.Path, errors: dict[pathlib.Path, str],
                   prov: dict[str, Any] | None = None) -> dict:
     cells = aggregate(spec, runs, errors)
@@ -583,8 +598,10 @@ def write_results(spec: Spec, runs: list[Run], out: pathlib.Path, errors: dict[p
     (out / "results.md").write_text(markdown(spec, cells, claim_results) + extra + provenance_markdown(prov))
     plots = plot(spec, runs, out, claims_mod.verdict_lines(claim_results)) + extra_plots
     plots += claims_mod.plot(claim_results, cells, out)
+    curves = round_curves(runs, out)
     result = {"name": spec.name, "spec": _shown(spec.path), "runner": spec.runner, "varied_keys": spec.varied_keys,
               "report": spec.report, "cells": cells, "claims": claim_results, "plots": [p.name for p in plots],
+              **({"curves": curves} if curves else {}),
               **({"runner_markdown": extra} if extra else {}), **({"provenance": prov} if prov else {})}
     metrics.write_json(out / "results.json", result)
     return result

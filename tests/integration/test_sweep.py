@@ -25,6 +25,12 @@ def test_smoke_sweep_tabulates_plots_and_resumes(tmp_path):
         stat = cell["stats"]["final_accuracy"]
         accs = [r["final_accuracy"] for r in cell["runs"]]
         assert stat["n"] == 2 and abs(stat["mean"] - sum(accs) / 2) < 1e-12 and 0.1 < stat["mean"] <= 1.0
+    curves = results["curves"]  # per cell and round: mean and std over its seeds (also in curves.csv)
+    assert sorted(curves) == sorted(c["cell"] for c in results["cells"]) and (out / "curves.csv").is_file()
+    for cell in results["cells"]:
+        last = curves[cell["cell"]][-1]
+        accs = [r["final_accuracy"] for r in cell["runs"]]
+        assert last["n"] == 2 and abs(last["accuracy_mean"] - sum(accs) / 2) < 1e-9, (last, accs)
     for name in ("accuracy_vs_round.png", "loss_vs_round.png", "accuracy_vs_emulated_seconds.png"):
         assert (out / name).read_bytes()[:4] == b"\x89PNG"
     summaries = {p: p.stat().st_mtime_ns for p in out.glob("*/seed-*/summary.json")}

@@ -212,7 +212,12 @@ class RoundDriver:
         if self.startup_seconds is None:
             self.startup_seconds = launch_to_now()
         await self.roster.await_results(r, cfg.net.phase_timeout_s * (len(plan) + 1), self.results, self.persisting)
-        rejected = self.install(r, self.mode.model(r, self.results, self.w))
+        try:
+            model = self.mode.model(r, self.results, self.w)
+        except (ValueError, TypeError, ArithmeticError) as exc:  # e.g. an aggregator's parameter: say which round
+            raise RuntimeError(f"round {r}: aggregating the edges' results failed ({self.cfg.pipeline.aggregate}): "
+                               f"{exc.__class__.__name__}: {exc}") from exc
+        rejected = self.install(r, model)
         stats = self._round_stats(started, round_started)
         self.on_round(r, self.results, stats)
         stats["aggregate_rejected"] = bool(rejected)

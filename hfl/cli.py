@@ -241,6 +241,10 @@ def cmd_run(args) -> int:
     from hfl.launcher import run_with_progress
 
     out = args.resume or args.out
+    if args.cluster:  # one testbed spread over a Ray cluster (hfl/cluster.py)
+        from hfl.cluster import run_command
+
+        return run_command(args.config, args.overrides, out, args.cluster, args.quiet, args.certs, bool(args.resume))
     try:
         return run_with_progress(args.config, args.overrides, out, quiet=args.quiet, certs=args.certs,
                                  resume=bool(args.resume), force=args.force, allow_deaths=args.allow_deaths,
@@ -297,6 +301,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-deaths", action="store_true",
                    help="exit 0 even if an edge or device host died (fault-injection experiments); deaths are still "
                         "recorded in summary.json")
+    p.add_argument("--cluster", metavar="ADDRESS", help="spread the testbed's processes over a Ray cluster (HOST:PORT "
+                   "of its head, or auto: $RAY_ADDRESS); needs the cluster extra; see docs/cluster.md")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("sweep", help="run a grid of experiments (variants x grid x seeds) and tabulate them")

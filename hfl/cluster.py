@@ -1,5 +1,6 @@
-"""Sweeps on a Ray cluster (`hfl sweep SPEC --cluster ADDRESS`): the one module that imports Ray (the `cluster` extra:
-pip install -e ".[cluster]"); everything else, `hfl run` and a local sweep included, runs without it.
+"""Sweeps and testbeds on a Ray cluster (`hfl sweep SPEC --cluster ADDRESS`, `hfl run CONFIG --cluster ADDRESS`): the
+one module that imports Ray (the `cluster` extra: pip install -e ".[cluster]"); everything else, a local `hfl run`
+and a local sweep included, runs without it.
 
 Every run of the grid is one Ray task that starts its whole testbed on one node, by the local run path of
 hfl/sweep.py (each role still its own OS process on real sockets, on that node's loopback), into a temporary
@@ -12,6 +13,12 @@ process). Ray CPUs are logical: a node started with `ray start --num-cpus N` run
 A run lost with its node (a system failure, not an error of the run itself) is submitted once more (Ray places it
 on a node still alive) and the retry is reported; OUT/CELL/seed-S/node.json names the node a run ran on (and the
 node it was lost with), and the sweep's provenance lists the runs per node.
+
+`hfl run CONFIG --cluster ADDRESS` spreads one testbed instead: a placement group of one bundle per role process
+(SPREAD strategy), each role a Ray actor that starts its `hfl cloud|edge|devices` process on its node, listening on
+every interface; the edges dial the cloud at its node's address, the device hosts their edges', with the run's join
+secret (a host token per device host) and relay secret. The cloud's run directory and every role's log come back to
+--out; out/placement.json names each role's node. Not yet: --certs, --resume, edges sharing a process.
 """
 from __future__ import annotations
 
@@ -20,6 +27,7 @@ import io
 import json
 import os
 import pathlib
+import shutil
 import socket
 import tarfile
 import tempfile
@@ -293,8 +301,6 @@ def execute(spec, todo, out: pathlib.Path, table: dict, address: str, ray, conso
                 node = {**node, "custom_resources": known.get("custom", [])}
                 if result["tar"]:
                     if run.run_dir.exists():  # a partial earlier attempt: replaced by the finished one
-                        import shutil
-
                         shutil.rmtree(run.run_dir)
                     _untar(result["tar"], run.run_dir)
                 record = {**node, "name": name, "attempt": attempt, "task_seconds": round(result["seconds"], 2),
@@ -321,3 +327,225 @@ def execute(spec, todo, out: pathlib.Path, table: dict, address: str, ray, conso
     for name in placed.values():
         counts[name] = counts.get(name, 0) + 1
     return {"address": address, "runs_per_node": counts, "nodes": placed, "retried": retried}
+
+
+# ---- one testbed over the cluster: `hfl run CONFIG --cluster ADDRESS` ------------------------------------
+class Role:
+    """A Ray actor that runs one role process (`hfl cloud|edge|devices`) on its node, listening on every interface,
+    with its own directory (config, port files, logs, the cloud's run directory)."""
+
+    def __init__(self):
+        self.dir = pathlib.Path(tempfile.mkdtemp(prefix="hfl-ray-role-"))
+        self.proc = None
+        self.log = None
+
+    def start(self, name: str, args: list[str], env: dict, config_text: str) -> dict:
+        import sys
+
+        import ray
+
+        from hfl.node_spawn import node_env, spawn_exec
+
+        (self.dir / "ports").mkdir(exist_ok=True)
+        (self.dir / "logs").mkdir(exist_ok=True)
+        (self.dir / "config.toml").write_text(config_text)
+        self.log = self.dir / "logs" / f"{name}.log"
+        argv = [sys.executable, "-m", "hfl.cli", *[a.replace("{dir}", str(self.dir)) for a in args]]
+        full = dict(os.environ, PYTHONUNBUFFERED="1", HFL_PARENT_PID=str(os.getpid()), **env)
+        self.proc = spawn_exec(argv, self.log, node_env(full))  # the node dies with this actor (die_with_parent)
+        ctx = ray.get_runtime_context()
+        return {"node_id": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(), "hostname": socket.gethostname()}
+
+    def address(self, port_name: str, timeout: float = 120.0) -> str:
+        import ray
+
+        path = self.dir / "ports" / port_name
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if path.is_file() and path.read_text().strip():
+                return f"{ray.util.get_node_ip_address()}:{path.read_text().strip()}"
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{port_name} exited with {self.proc.returncode} before listening: "
+                                   f"{self.log.read_text()[-1500:]}")
+            time.sleep(0.05)
+        raise RuntimeError(f"{port_name} did not listen within {timeout:.0f}s")
+
+    def rows(self, since: int) -> tuple[list[str], int | None]:
+        """New lines of the run's metrics.jsonl (the cloud's) and the process's exit code (None: running)."""
+        path = self.dir / "run" / "metrics.jsonl"
+        lines = path.read_text().splitlines() if path.is_file() else []
+        return lines[since:], self.proc.poll()
+
+    def wait(self, timeout: float) -> int | None:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except Exception:
+            return None
+
+    def stop(self) -> int:
+        import signal
+
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except Exception:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        return self.proc.returncode
+
+    def files(self) -> bytes:
+        return _tar(self.dir)
+
+
+def plan_roles(cfg, nodes: int) -> list[tuple[str, str | None]]:
+    """(role name, the edge it serves or None) in start order: the cloud, one process per edge, the device hosts
+    (per_edge layout: hosts_per_edge per edge; per_core: topology.device_hosts, else one per node)."""
+    from hfl.common import topology
+
+    t = cfg.topology
+    if t.edge_processes not in (0, t.edges):
+        raise ClusterError("--cluster: topology.edge_processes shares processes among edges; a spread run starts one "
+                           "process per edge (set it to 0)")
+    roles: list[tuple[str, str | None]] = [("cloud", None)]
+    edges = [members[0] for members in topology.edge_groups(cfg)]
+    roles += [(e, e) for e in edges]
+    if t.host_layout == "per_edge":
+        roles += [(f"devices-{e:03d}-{h}", edges[e]) for e in range(t.edges) for h in range(t.hosts_per_edge)]
+    else:
+        hosts = topology.host_count(cfg, cpus=t.device_hosts or nodes)
+        roles += [(f"devices-c{h}", None) for h in range(hosts)]
+    return roles
+
+
+def role_cpus(node_cpus: list[float], roles: int) -> float:
+    """The largest CPU share per role process (at most one) at which every process fits a node's bundle."""
+    shares = sorted({min(1.0, n / m) for n in node_cpus if n > 0 for m in range(1, roles + 1)}, reverse=True)
+    for share in shares:
+        if sum(int(n / share + 1e-9) for n in node_cpus) >= roles:
+            return share
+    return 0.0
+
+
+def run_spread(config, overrides, out, address: str, quiet: bool = False, cpus_per_role: float | None = None) -> int:
+    """One testbed over the cluster: a placement group of one bundle per role process, SPREAD over the nodes;
+    the cloud first, each edge dialling the cloud's node address, each device host its edges'. The cloud's run
+    directory comes back to `out` (and every role's log to out/logs, where each ran to out/placement.json)."""
+    import secrets
+    import sys
+
+    from hfl.common import config as config_mod
+    from hfl.common import plugins, session, topology
+    from hfl.preflight import preflight
+
+    cfg = config_mod.load(config, overrides)
+    preflight(cfg)
+    out = pathlib.Path(out or pathlib.Path("runs") / f"{cfg.run.name}-cluster-{time.strftime('%Y%m%d-%H%M%S')}")
+    if (out / "summary.json").is_file():
+        raise ClusterError(f"{out} holds a finished run: give another --out")
+    ray = connect(address)
+    nodes = alive_nodes(ray)
+    roles = plan_roles(cfg, len(nodes))
+    total = sum(n["cpus"] for n in nodes.values())
+    cpus_per_role = cpus_per_role or role_cpus([n["cpus"] for n in nodes.values()], len(roles))
+    if not cpus_per_role or cpus_per_role * len(roles) > total:
+        raise ClusterError(f"--cluster: {len(roles)} role processes at {cpus_per_role:g} CPU each need more CPUs "
+                           f"than the cluster has ({total:g})")
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    group = placement_group([{"CPU": cpus_per_role}] * len(roles), strategy="SPREAD")
+    try:
+        ray.get(group.ready(), timeout=120)
+    except ray.exceptions.GetTimeoutError:
+        remove_placement_group(group)
+        raise ClusterError(f"--cluster: the cluster did not place {len(roles)} processes at {cpus_per_role:g} CPU "
+                           f"each within 120 s (other work holds its CPUs?)") from None
+    actor = ray.remote(Role)
+    join = os.environ.get(session.JOIN_ENV) or secrets.token_hex(16)
+    relay = os.environ.get("HFL_RELAY_SECRET") or secrets.token_hex(32)
+    common_env = {plugins.ENV: ",".join(dict.fromkeys([*plugins.env_plugins(), *cfg.run.plugins])),
+                  "HFL_LAUNCHED_AT": repr(time.time())}
+    text = config_mod.to_toml(cfg)
+    actors: dict[str, Any] = {}
+    placed: dict[str, dict] = {}
+    say = (lambda *a: None) if quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+    code = 1
+    try:
+        def launch(i: int, name: str, args: list[str], env: dict) -> None:
+            actors[name] = actor.options(num_cpus=cpus_per_role, scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=group, placement_group_bundle_index=i)).remote()
+            placed[name] = ray.get(actors[name].start.remote(name, args, {**common_env, **env}, text))
+
+        launch(0, "cloud", ["cloud", "{dir}/config.toml", "--listen", "0.0.0.0:0", "--run-dir", "{dir}/run",
+                            "--port-file", "{dir}/ports/cloud"], {session.JOIN_ENV: join, "HFL_RELAY_SECRET": relay})
+        cloud = ray.get(actors["cloud"].address.remote("cloud"))
+        edge_address = {}
+        for i, (name, edge) in enumerate(roles[1:1 + cfg.topology.edges], start=1):
+            launch(i, name, ["edge", "--id", edge, "--cloud", cloud, "--port-file", "{dir}/ports/" + edge, "--listen",
+                             "0.0.0.0:0", "--metrics-listen", "127.0.0.1:0"], {session.JOIN_ENV: join})
+        for name, edge in roles[1:1 + cfg.topology.edges]:
+            edge_address[edge] = ray.get(actors[name].address.remote(edge))
+        hosts = roles[1 + cfg.topology.edges:]
+        members = [topology.edge_members(cfg, e) for e in range(cfg.topology.edges)]
+        for h, (name, edge) in enumerate(hosts, start=0):
+            i = 1 + cfg.topology.edges + h
+            if cfg.topology.host_layout == "per_edge":
+                e, k = list(edge_address).index(edge), int(name.rsplit("-", 1)[1])
+                share = topology.host_slice(members[e], k, cfg.topology.hosts_per_edge)
+                args = ["devices", "--edge", edge_address[edge], "--host-index", str(k), "--hosts",
+                        str(cfg.topology.hosts_per_edge)]
+            else:
+                share = topology.union_slice(members, h, len(hosts))
+                args = ["devices", *[a for e, addr in edge_address.items() for a in ("--edge", f"{e}={addr}")],
+                        "--host-index", str(h), "--hosts", str(len(hosts))]
+            token = session.host_token(join, topology.device_index(share[0]), topology.device_index(share[-1]))
+            launch(i, name, args, {session.HOST_ENV: token, "HFL_RELAY_SECRET": relay})
+        say(f"run {cfg.run.name} on {address}: " + ", ".join(f"{n} on {placed[n]['ip']}/{placed[n]['node_id'][:8]}"
+                                                            for n in placed))
+        seen = 0
+        while True:
+            rows, code = ray.get(actors["cloud"].rows.remote(seen))
+            for line in rows:
+                row = json.loads(line)
+                say(f"round {row.get('round')}: accuracy {row.get('accuracy')}")
+            seen += len(rows)
+            if code is not None:
+                break
+            time.sleep(1.0)
+        ray.get([a.wait.remote(60) for n, a in actors.items() if n != "cloud"])
+    finally:
+        for name, a in actors.items():
+            try:
+                ray.get(a.stop.remote(), timeout=30)
+                data = ray.get(a.files.remote(), timeout=120)
+            except Exception:  # a role lost with its node: its files are gone with it
+                continue
+            with tempfile.TemporaryDirectory() as tmp:
+                _untar(data, pathlib.Path(tmp))
+                if name == "cloud" and (pathlib.Path(tmp) / "run").is_dir():
+                    shutil.copytree(pathlib.Path(tmp) / "run", out, dirs_exist_ok=True)
+                for log in (pathlib.Path(tmp) / "logs").glob("*.log"):
+                    (out / "logs").mkdir(parents=True, exist_ok=True)
+                    log.replace(out / "logs" / log.name)
+            ray.kill(a)
+        remove_placement_group(group)
+        if out.is_dir():
+            (out / "placement.json").write_text(json.dumps(placed, indent=1) + "\n")
+    say(f"run directory: {out}")
+    return code
+
+
+def run_command(config, overrides, out, address: str, quiet: bool, certs: str | None, resume: bool) -> int:
+    """`hfl run CONFIG --cluster ADDRESS`: one line on bad input, before anything starts."""
+    import sys
+
+    from hfl.common.config import ConfigError
+
+    try:
+        if certs or resume:
+            raise ClusterError("--cluster: --certs and --resume are for a run on this machine (not yet over a cluster)")
+        return run_spread(config, overrides, out, address, quiet=quiet)
+    except (ClusterError, ConfigError) as exc:
+        print(f"cluster error: {exc}", file=sys.stderr)
+        return 2

@@ -94,6 +94,10 @@ def test_bad_input_is_one_line_before_anything_starts(tmp_path):
     assert done.stderr.strip() == ('cluster error: --cluster needs Ray, which is not installed: pip install -e '
                                    '".[cluster]" (the `cluster` extra)')
     assert not out.exists()
+    done = subprocess.run([sys.executable, "-m", "hfl.cli", "run", str(ROOT / "deploy/configs/default.toml"), "--certs",
+                           str(tmp_path / "ca"), "--cluster", "127.0.0.1:1"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.strip() == ("cluster error: --cluster: --certs and --resume are for a "
+                                                            "run on this machine (not yet over a cluster)")
     over = tmp_path / "over.toml"
     over.write_text(good.read_text().replace('[grid]', '[variants.big]\n"cluster.cpus" = 0\n[grid]'))
     done = hfl_sweep(over, "--out", out, "--dry-run", timeout=120)
@@ -230,6 +234,36 @@ def test_a_sweep_runs_on_both_nodes_and_equals_a_local_sweep(cluster, tmp_path):
 
     again = hfl_sweep(path, "--out", tmp_path / "remote", "--cluster", HEAD, ns=cluster["ns"])
     assert again.returncode == 0 and "0 to run, 4 already finished" in again.stderr, again.stderr[-3000:]
+
+
+RUN = ["run.rounds=2", "topology.edges=2", "topology.devices_per_edge=2", "topology.device_hosts=2", "model.name=mlp",
+       "data.max_test_samples=200"]
+TIMES = ("wall_seconds", "round_seconds", "eval_seconds")  # wall-clock figures: never equal between two runs
+
+
+def hfl_run(out, *args, ns: int | None = None) -> subprocess.CompletedProcess:
+    sets = [a for s in RUN for a in ("--set", s)]
+    argv = [sys.executable, "-m", "hfl.cli", "run", str(ROOT / "deploy/configs/default.toml"), *sets, "--out", str(out),
+            "--quiet", *args]
+    return subprocess.run((["nsenter", "-t", str(ns), "-n"] if ns else []) + argv, cwd=ROOT, capture_output=True,
+                          text=True, timeout=600, stdin=subprocess.DEVNULL)
+
+
+def test_one_testbed_spread_over_both_nodes_equals_a_local_run(cluster, tmp_path):
+    spread = hfl_run(tmp_path / "spread", "--cluster", HEAD, ns=cluster["ns"])
+    assert spread.returncode == 0, spread.stderr[-3000:]
+    local = hfl_run(tmp_path / "local")
+    assert local.returncode == 0, local.stderr[-3000:]
+    placed = json.loads((tmp_path / "spread" / "placement.json").read_text())
+    assert sorted(placed) == ["cloud", "devices-c0", "devices-c1", "edge-000", "edge-001"]
+    assert {placed[e]["node_id"] for e in ("edge-000", "edge-001")} - {placed["cloud"]["node_id"]}  # an edge elsewhere
+    assert len({p["node_id"] for p in placed.values()}) == 2
+    assert sorted(p.name for p in (tmp_path / "spread" / "logs").glob("*.log")) == [f"{n}.log" for n in sorted(placed)]
+    rows = [[{k: v for k, v in json.loads(line).items() if k not in TIMES}
+             for line in (tmp_path / d / "metrics.jsonl").read_text().splitlines()] for d in ("spread", "local")]
+    assert len(rows[0]) == 2 and rows[0] == rows[1]
+    assert json.loads((tmp_path / "spread" / "summary.json").read_text())["final_accuracy"] == \
+        json.loads((tmp_path / "local" / "summary.json").read_text())["final_accuracy"]
 
 
 def test_a_run_lost_with_its_node_is_retried_and_the_sweep_finishes(cluster, tmp_path):

@@ -58,14 +58,15 @@ def aggregate(name: str, params: Mapping[str, Mapping[str, float]], vectors: Seq
 
 def outliers(vectors: Sequence[np.ndarray], max_ratio: float) -> dict[int, str]:
     """The uploads of a phase to leave out, by index, with the reason: a norm over max_ratio x the median norm of the
-    others (or not finite). With fewer than two uploads, or max_ratio = 0, none."""
+    others (or not finite). With fewer than two uploads, or max_ratio = 0, none; nor where the others' median is 0
+    (devices that sent zero updates give no scale to judge by)."""
     if max_ratio <= 0 or len(vectors) < 2:
         return {}
     norms = np.array([float(np.linalg.norm(np.asarray(v, dtype=np.float64))) for v in vectors])
     out = {}
     for i, norm in enumerate(norms):
         others = float(np.median(np.delete(norms, i)))
-        if not np.isfinite(norm) or (np.isfinite(others) and norm > max_ratio * others):
+        if not np.isfinite(norm) or (np.isfinite(others) and others > 0 and norm > max_ratio * others):
             out[i] = f"its norm {norm:.3g} is over {max_ratio:g} x the median {others:.3g} of the others " \
                      f"(aggregation.max_member_ratio)"
     return out

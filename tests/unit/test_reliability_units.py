@@ -164,6 +164,8 @@ def test_an_upload_far_beyond_the_others_is_left_out_and_honest_spreads_are_kept
     assert list(outliers([honest[0], insider], 10.0)) == [1]  # two uploads: each is judged against the other
     assert list(outliers([honest[0], np.full(50, np.inf, np.float32), honest[1]], 10.0)) == [1]
     assert outliers([insider], 10.0) == {} and outliers([*honest, insider], 0.0) == {}
+    zeros = [np.zeros(50, np.float32)] * 2  # others that sent nothing give no scale: nobody is judged by them
+    assert outliers([*zeros, honest[0]], 10.0) == {}
     # the bound is the stated ratio of the median of the others, to the value
     base = [np.ones(4), np.ones(4), 10 * np.ones(4) * (1 + 1e-9), 10 * np.ones(4) * (1 - 1e-9)]
     assert list(outliers(base[:3], 10.0)) == [2] and outliers([base[0], base[1], base[3]], 10.0) == {}

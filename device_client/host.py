@@ -113,7 +113,11 @@ class Device:
                 if 0 <= after[0] < task.round - 1:  # rounds that did not draw this device (its edge sends it none)
                     self.mode.end_round(None)
                 after = (task.round, task.attempt)
-                await self._round(task, fetched)
+                try:
+                    await self._round(task, fetched)
+                except (ValueError, TypeError, RuntimeError, ArithmeticError) as exc:  # its training (a model's error)
+                    raise RuntimeError(f"{self.id}: round {task.round} failed in its training: "
+                                       f"{exc.__class__.__name__}: {exc}") from exc
                 self.rounds_done += 1
                 self.link.backoff.reset()
             except grpc.aio.AioRpcError as exc:

@@ -10,6 +10,7 @@ the machine by name) and checks that none is left. Skipped where Ray (the `clust
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -17,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -159,14 +161,15 @@ def _raylet_of(holder: int, temp_dir: pathlib.Path) -> int:
     raise AssertionError(f"no raylet with temp dir {temp_dir}")
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+@contextlib.contextmanager
+def netns():
+    """A network namespace with only `lo` (up), held by a `sleep` in it; on leaving, every process in it stopped by
+    PID (checked: none left), then the holder. Skips where Ray or `unshare -n` is missing."""
     pytest.importorskip("ray", reason='Ray is not installed: pip install -e ".[cluster]"')
     if shutil.which("unshare") is None or shutil.which("nsenter") is None or shutil.which("ip") is None:
         pytest.skip("needs unshare, nsenter and ip (util-linux, iproute2) for a loopback-only network namespace")
     if subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode != 0:
         pytest.skip("`unshare -n` is not allowed here (needs CAP_SYS_ADMIN): no loopback-only namespace for Ray")
-    base = tmp_path_factory.mktemp("ray")
     holder = subprocess.Popen(["unshare", "-n", "sleep", "3600"], stdin=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 10
@@ -174,11 +177,7 @@ def cluster(tmp_path_factory):
             assert time.monotonic() < deadline, "unshare did not enter its namespace"
             time.sleep(0.05)
         subprocess.run(["nsenter", "-t", str(holder.pid), "-n", "ip", "link", "set", "lo", "up"], check=True)
-        dirs = {"a": base / "a", "b": base / "b"}
-        _ray_start(holder.pid, "--head", "--port", HEAD.rsplit(":", 1)[1], "--include-dashboard", "false",
-                   "--resources", '{"hfl_node_a": 1}', "--temp-dir", str(dirs["a"]))
-        _ray_start(holder.pid, "--address", HEAD, "--resources", '{"hfl_node_b": 1}', "--temp-dir", str(dirs["b"]))
-        yield {"ns": holder.pid, "dirs": dirs}
+        yield holder.pid
     finally:
         if holder.poll() is None:
             for _ in range(3):  # a raylet may start a worker while the others stop: again until none is left
@@ -187,6 +186,19 @@ def cluster(tmp_path_factory):
             holder.kill()
             holder.wait()
             assert not left, f"processes left in the test's namespace: {left}"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    base = pathlib.Path(tempfile.mkdtemp(prefix="hfl-ray-", dir="/tmp"))  # Ray's socket paths: 107 bytes at most
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, base, ignore_errors=True)
+        ns = stack.enter_context(netns())
+        dirs = {"a": base / "a", "b": base / "b"}
+        _ray_start(ns, "--head", "--port", HEAD.rsplit(":", 1)[1], "--include-dashboard", "false",
+                   "--resources", '{"hfl_node_a": 1}', "--temp-dir", str(dirs["a"]))
+        _ray_start(ns, "--address", HEAD, "--resources", '{"hfl_node_b": 1}', "--temp-dir", str(dirs["b"]))
+        yield {"ns": ns, "dirs": dirs}
 
 
 def _without_timing(result: dict) -> dict:
@@ -312,3 +324,68 @@ def _runs_a_task(raylet: int) -> bool:
         if int(stat.rsplit(")", 1)[1].split()[1]) == raylet and title.startswith(b"ray::hfl-"):
             return True
     return False
+
+
+# ---- deployment recipes (docs/cluster.md) -------------------------------------------------------------------------
+def test_the_kuberay_manifest_runs_the_projects_image_with_the_pinned_ray():
+    import tomllib
+
+    yaml = pytest.importorskip("yaml", reason="PyYAML (installed with mkdocs, the test extra)")
+    manifest = yaml.safe_load((ROOT / "deploy/k8s/raycluster.yaml").read_text())
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    (pin,) = project["optional-dependencies"]["cluster"]
+    assert manifest["apiVersion"] == "ray.io/v1" and manifest["kind"] == "RayCluster"
+    assert pin == f"ray[default]=={manifest['spec']['rayVersion']}"
+    dockerfile = (ROOT / "deploy/k8s/Dockerfile").read_text()
+    assert f'"{pin}"' in dockerfile and "FROM ${HFL_IMAGE}" in dockerfile and "ARG HFL_IMAGE=hfl:latest" in dockerfile
+    assert "ENTRYPOINT" not in dockerfile  # KubeRay's command replaces the project image's `hfl` entry point
+    groups = [manifest["spec"]["headGroupSpec"]] + manifest["spec"]["workerGroupSpecs"]
+    for group in groups:
+        assert set(group["rayStartParams"]) <= {"num-cpus", "dashboard-host", "resources", "num-gpus"}
+        for container in group["template"]["spec"]["containers"]:
+            assert container["image"] == "hfl-ray:latest"
+            limits = container["resources"]["limits"]
+            assert float(limits["cpu"]) == float(group["rayStartParams"]["num-cpus"])  # Ray's CPUs are the pod's
+            assert {"mountPath": "/tmp", "name": "tmp"} in container["volumeMounts"]
+    for line in manifest_commands(ROOT / "deploy/k8s/raycluster.yaml"):  # the commands it tells a user to run
+        assert line.split()[0] in ("kubectl", "HEAD=$(kubectl")
+        if " -- hfl " in line:
+            sub = line.split(" -- hfl ", 1)[1].split()[0]
+            assert sub in ("sweep", "run") and "hfl" in project["scripts"]
+            assert (ROOT / line.split(" -- hfl sweep /tmp/", 1)[1].split()[0]).is_file()
+
+
+def manifest_commands(path: pathlib.Path) -> list[str]:
+    return [line[1:].strip() for line in path.read_text().splitlines() if line.startswith("#   ")]
+
+
+def test_the_sbatch_script_starts_a_cluster_and_sweeps_under_slurm_variables(tmp_path):
+    """deploy/slurm/hfl-ray.sbatch under bash as Slurm would run it: SLURM_* set, `scontrol` and `srun` stand-ins
+    (a two-node allocation whose steps run on this machine, in a loopback-only namespace), real Ray, a real sweep."""
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    (stubs / "scontrol").write_text('#!/bin/bash\n[ "$1 $2" = "show hostnames" ] && tr , "\\n" <<< "$3"\n')
+    (stubs / "srun").write_text('#!/bin/bash\nwhile [ $# -gt 0 ]; do case "$1" in -w) shift 2;; -*) shift;; *) break;; '
+                                'esac; done\necho "step: $*" >> "$SRUN_LOG"\nexec "$@"\n')
+    for stub in stubs.iterdir():
+        stub.chmod(0o755)
+    one = tmp_path / "one.toml"
+    one.write_text(spec(tmp_path).read_text().replace("seeds = [0, 1]", "seeds = [0]"))
+    ray_tmp = pathlib.Path(tempfile.mkdtemp(prefix="hfl-ray-", dir="/tmp"))  # Ray's socket paths: 107 bytes at most
+    env = dict(os.environ, PATH=f"{stubs}:{os.environ['PATH']}", SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="n1,n2",
+               SLURM_CPUS_PER_TASK="1", SLURM_NNODES="2", HEAD_IP="127.0.0.1", RAY_TMP=str(ray_tmp),
+               SRUN_LOG=str(tmp_path / "srun.log"))
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, ray_tmp, ignore_errors=True)
+        ns = stack.enter_context(netns())
+        done = subprocess.run(["nsenter", "-t", str(ns), "-n", "bash", str(ROOT / "deploy/slurm/hfl-ray.sbatch"),
+                               str(one), str(tmp_path / "out")], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=600, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "hfl-ray: 2 nodes (n1 n2), head n1 at 127.0.0.1:6379" in done.stdout and "2 nodes joined" in done.stdout
+    steps = (tmp_path / "srun.log").read_text().splitlines()
+    assert steps[0].startswith("step: ray start --head --block --node-ip-address=127.0.0.1 --port=6379 --num-cpus=1")
+    assert steps[1].startswith("step: ray start --block --address=127.0.0.1:6379 --num-cpus=1")
+    result = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert [len(c["finished"]) for c in result["cells"]] == [1, 1]
+    assert result["provenance"]["cluster"]["address"] == "127.0.0.1:6379"

@@ -43,7 +43,8 @@ def test_the_families_checks_run_in_their_order_and_the_mode_check_after_the_pla
                      (["quantization", "config"], "validate_precision", False),
                      (["control", "config"], "validate_control", False),
                      (["channel", "config"], "validate_sections", False),
-                     (["channel", "config"], "validate_mode", True)]
+                     (["channel", "config"], "validate_mode", True),
+                     (["observe", "config"], "validate_observe", False)]
 
 
 def test_a_registered_section_is_read_placed_checked_and_round_trips(scratch_section):

@@ -71,8 +71,27 @@ def explain(cfg: Config) -> list[str]:
         p = cfg.privacy
         how = (f"noise multiplier {p.noise_multiplier:g} as given" if p.calibration == "noise_multiplier"
                else f"noise calibrated ({p.calibration}) to epsilon {p.epsilon:g}, delta {p.delta:g}")
-        lines.append(f"private ({plans.ALGORITHMS.get(cfg.run.algorithm).privacy}): {how}; the accountant's "
-                     f"epsilon per device is in summary.json and privacy.json")
+        lines.append(f"private ({plans.ALGORITHMS.get(cfg.run.algorithm).privacy}): {how}; the noise multiplier and std "
+                     f"are set by the cloud at its start (privacy.json; hfl run prints them), the accountant's epsilon "
+                     f"per device and per party is in summary.json and privacy.json")
     else:
         lines.append("not private: no DP noise is added")
     return lines
+
+
+def noise_lines(privacy: dict) -> list[str]:
+    """privacy.json's noise, one line per stream: the multiplier and std each tier adds (the range over edges)."""
+    streams: dict[tuple[str, str], list[dict]] = {}
+    for edge_streams in (privacy.get("noise") or {}).values():
+        for stream, v in edge_streams.items():
+            streams.setdefault((stream, v.get("tier", "?")), []).append(v)
+    out = []
+    for (stream, tier), values in sorted(streams.items()):
+        z = [v["noise_multiplier"] for v in values if v.get("noise_multiplier") is not None]
+        std = [v["std"] for v in values if v.get("std") is not None]
+        if not z:
+            continue
+        span = (lambda xs: f"{min(xs):.4g}" if min(xs) == max(xs) else f"{min(xs):.4g}..{max(xs):.4g}")
+        out.append(f"noise, {stream} stream at the {tier}: multiplier {span(z)}" + (f", std {span(std)}" if std else "")
+                   + f" ({len(values)} edge{'s' * (len(values) > 1)}; {privacy.get('calibration')} calibration)")
+    return out

@@ -1,6 +1,7 @@
 """`hfl run`: a Testbed on 127.0.0.1 with a live progress display; non-zero exit if any process fails."""
 from __future__ import annotations
 
+import json
 import signal
 import sys
 import time
@@ -140,11 +141,27 @@ def run_with_progress(config, overrides, out=None, quiet: bool = False, certs: s
         if bed.rounds_extended:
             console.print(f"resume: run.rounds {bed.rounds_extended[0]} -> {bed.rounds_extended[1]} (config.toml "
                           f"updated; nothing else of the run changes)", highlight=False)
+        noise_said = []
+
+        def say_noise() -> None:  # a private run's noise, as the cloud set it (privacy.json), once
+            path = bed.run_dir / "privacy.json"
+            if noise_said or not path.is_file():
+                return
+            noise_said.append(True)
+            from hfl.explain import noise_lines
+
+            try:
+                for line in noise_lines(json.loads(path.read_text())):
+                    console.print(line, markup=False, highlight=False, soft_wrap=True)
+            except (OSError, ValueError):
+                pass
+
         if quiet or not console.is_terminal:
             url = None
             for row in bed.iter_metrics(timeout=24 * 3600, on_poll=notices):
                 if url is None and (url := live_url(bed.run_dir)):
                     console.print(f"live page: {url}")
+                say_noise()
                 rows.append(row)
                 console.print(round_line(row, bed.cfg.run.rounds))
         else:
@@ -152,6 +169,7 @@ def run_with_progress(config, overrides, out=None, quiet: bool = False, certs: s
                 while not bed.finished():
                     bed.check()
                     notices()
+                    say_noise()
                     rows = bed.metrics()
                     dead = len(bed.deaths())
                     phase = (f"{len(bed.running())} processes running" + (f", {dead} died" if dead else "")

@@ -25,3 +25,16 @@ def test_the_default_and_other_modes_count_their_steps():
     air = explain(config_mod.load(None, ["run.algorithm=multiairfed", "channel.model=ota"]))[0]
     assert "over-the-air slots" in air
     assert len(explain(config_mod.load(None, []))) == 2  # nothing ignored in the defaults
+
+
+def test_the_noise_the_cloud_set_is_said_per_stream_and_tier():
+    from hfl.explain import noise_lines
+
+    privacy = {"calibration": "sound", "noise": {
+        "edge-000": {"global": {"tier": "edge", "noise_multiplier": 1.5, "std": 0.12}},
+        "edge-001": {"global": {"tier": "device", "noise_multiplier": 1.5, "std": 0.6}},
+        "edge-002": {"global": {"tier": "device", "noise_multiplier": 2.0, "std": 0.8}}}}
+    assert noise_lines(privacy) == [
+        "noise, global stream at the device: multiplier 1.5..2, std 0.6..0.8 (2 edges; sound calibration)",
+        "noise, global stream at the edge: multiplier 1.5, std 0.12 (1 edge; sound calibration)"]
+    assert noise_lines({}) == []

@@ -63,6 +63,7 @@ def preflight(cfg: Config, call: Callable = call_here) -> dict:
         raise ConfigError(f"model.name = {cfg.model.name!r} gives outputs of shape {shape[1:]} per sample; "
                           f"{cfg.data.dataset} has {data.num_classes} classes")
     check_aggregator(cfg)
+    check_stages(cfg)
     _checked[key] = {"num_classes": data.num_classes, "train_samples": len(data.x_train),
                      "input_shape": tuple(data.input_shape), "parameters": parameters}
     check_model_deadline(cfg, _checked[key])
@@ -106,6 +107,32 @@ def check_aggregator(cfg: Config) -> None:
     if np.shape(out) != (8,) or not np.isfinite(out).all():
         raise ConfigError(f"pipeline.aggregate = {cfg.pipeline.aggregate!r} gives {np.shape(out)} values (or non-finite "
                           f"ones) for {n} vectors of 8: an aggregator returns one finite vector of their length")
+
+
+def check_stages(cfg: Config) -> None:
+    """Run each configured vector stage (clip, device and edge noise) once on a small vector with its
+    [pipeline.params.NAME], so that a bad parameter fails before launch. A private algorithm's noise and clip take
+    parameters from the round plan at run time: those are checked by the privacy configuration instead."""
+    import numpy as np
+
+    from hfl.common import plans
+    from hfl.common.pipeline import IDENTITY_NAMES, VECTOR_STAGES
+
+    if plans.is_private(cfg):
+        return
+    vec = np.random.default_rng(0).normal(size=16).astype(np.float32)
+    for slot in ("clip", "device_noise", "edge_noise"):
+        name = getattr(cfg.pipeline, slot)
+        if name in IDENTITY_NAMES:
+            continue
+        try:
+            out = VECTOR_STAGES.get(name)(vec.copy(), np.random.default_rng(0), **dict(cfg.pipeline.params.get(name, {})))
+        except (TypeError, ValueError, KeyError) as exc:
+            raise ConfigError(f"pipeline.{slot} = {name!r} with [pipeline.params.{name}]: {exc.__class__.__name__}: "
+                              f"{exc}") from None
+        if np.shape(out) != vec.shape or not np.isfinite(out).all():
+            raise ConfigError(f"pipeline.{slot} = {name!r} gives {np.shape(out)} values (or non-finite ones) for 16: a "
+                              f"stage returns a finite vector of its input's length")
 
 
 def check_model_deadline(cfg: Config, learned: dict) -> None:

@@ -23,3 +23,17 @@ def test_a_bad_observe_listen_is_a_config_error(listen):
 def test_good_observe_listens_pass():
     for listen in ("", "127.0.0.1:8780", "0.0.0.0:0", "[::1]:8780", "localhost:9000"):
         assert config_mod.load(None, [f"observe.listen={listen}"]).observe.listen == listen
+
+
+def test_a_stages_bad_parameter_fails_before_launch():
+    import pathlib
+
+    from hfl.preflight import check_stages
+
+    plugin = str(pathlib.Path(__file__).parents[2] / "examples" / "tiny_plugin.py")
+    bad = config_mod.load(None, [f'run.plugins=["{plugin}"]', "pipeline.clip=clip_linf",
+                                 "pipeline.params.clip_linf.bound=-1"])
+    with pytest.raises(config_mod.ConfigError, match=r"pipeline.clip = 'clip_linf'.*bound must be > 0"):
+        check_stages(bad)
+    check_stages(config_mod.load(None, [f'run.plugins=["{plugin}"]', "pipeline.clip=clip_linf",
+                                        "pipeline.params.clip_linf.bound=2"]))

@@ -23,8 +23,10 @@ import time
 
 import pytest
 
+from hfl import cluster as cluster_mod
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-HEAD = "127.0.0.1:6379"  # the namespace is the test's own: Ray's default port cannot clash with anything
+HEAD = cluster_mod.LOOPBACK_HEAD
 
 TINY = """\
 name = "tiny"
@@ -107,51 +109,8 @@ def test_bad_input_is_one_line_before_anything_starts(tmp_path):
 
 
 # ---- a two-node cluster on 127.0.0.1 -------------------------------------------------------------------
-def _netns_pids(holder: int) -> list[int]:
-    """Every process in the holder's network namespace but the holder: the processes this test started there."""
-    ns = os.readlink(f"/proc/{holder}/ns/net")
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != holder:
-            try:
-                if os.readlink(f"/proc/{entry}/ns/net") == ns:
-                    found.append(int(entry))
-            except OSError:
-                pass  # gone, or not ours to read
-    return found
-
-
-def _stop(pids: list[int], grace: float = 5.0) -> None:
-    """SIGTERM, then SIGKILL what still runs after `grace`; back once every one has exited (or after `grace` more)."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            try:
-                if _alive(pid):
-                    os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and any(_alive(p) for p in pids):
-            time.sleep(0.1)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _ray_start(holder: int, *args: str) -> None:
-    done = subprocess.run(["nsenter", "-t", str(holder), "-n", shutil.which("ray") or "ray", "start",
-                           "--node-ip-address", "127.0.0.1", "--num-cpus", "1", "--disable-usage-stats", *args],
-                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-
-
 def _raylet_of(holder: int, temp_dir: pathlib.Path) -> int:
-    for pid in _netns_pids(holder):
+    for pid in cluster_mod.namespace_pids(holder):
         try:
             argv = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
@@ -163,42 +122,24 @@ def _raylet_of(holder: int, temp_dir: pathlib.Path) -> int:
 
 @contextlib.contextmanager
 def netns():
-    """A network namespace with only `lo` (up), held by a `sleep` in it; on leaving, every process in it stopped by
-    PID (checked: none left), then the holder. Skips where Ray or `unshare -n` is missing."""
+    """A loopback-only network namespace (hfl.cluster.loopback_namespace: every process in it stopped by PID on
+    leaving, none left); skips where Ray or `unshare -n` is missing."""
     pytest.importorskip("ray", reason='Ray is not installed: pip install -e ".[cluster]"')
-    if shutil.which("unshare") is None or shutil.which("nsenter") is None or shutil.which("ip") is None:
-        pytest.skip("needs unshare, nsenter and ip (util-linux, iproute2) for a loopback-only network namespace")
-    if subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode != 0:
-        pytest.skip("`unshare -n` is not allowed here (needs CAP_SYS_ADMIN): no loopback-only namespace for Ray")
-    holder = subprocess.Popen(["unshare", "-n", "sleep", "3600"], stdin=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 10
-        while os.readlink(f"/proc/{holder.pid}/ns/net") == os.readlink("/proc/self/ns/net"):
-            assert time.monotonic() < deadline, "unshare did not enter its namespace"
-            time.sleep(0.05)
-        subprocess.run(["nsenter", "-t", str(holder.pid), "-n", "ip", "link", "set", "lo", "up"], check=True)
-        yield holder.pid
-    finally:
-        if holder.poll() is None:
-            for _ in range(3):  # a raylet may start a worker while the others stop: again until none is left
-                _stop(_netns_pids(holder.pid))
-            left = [p for p in _netns_pids(holder.pid) if _alive(p)]
-            holder.kill()
-            holder.wait()
-            assert not left, f"processes left in the test's namespace: {left}"
+    reason = cluster_mod.loopback_unavailable()
+    if reason:
+        pytest.skip(reason)
+    with cluster_mod.loopback_namespace() as ns:
+        yield ns
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    base = pathlib.Path(tempfile.mkdtemp(prefix="hfl-ray-", dir="/tmp"))  # Ray's socket paths: 107 bytes at most
-    with contextlib.ExitStack() as stack:
-        stack.callback(shutil.rmtree, base, ignore_errors=True)
-        ns = stack.enter_context(netns())
-        dirs = {"a": base / "a", "b": base / "b"}
-        _ray_start(ns, "--head", "--port", HEAD.rsplit(":", 1)[1], "--include-dashboard", "false",
-                   "--resources", '{"hfl_node_a": 1}', "--temp-dir", str(dirs["a"]))
-        _ray_start(ns, "--address", HEAD, "--resources", '{"hfl_node_b": 1}', "--temp-dir", str(dirs["b"]))
-        yield {"ns": ns, "dirs": dirs}
+    pytest.importorskip("ray", reason='Ray is not installed: pip install -e ".[cluster]"')
+    reason = cluster_mod.loopback_unavailable()
+    if reason:
+        pytest.skip(reason)
+    with cluster_mod.two_node_cluster() as started:
+        yield started
 
 
 def _without_timing(result: dict) -> dict:

@@ -1,0 +1,97 @@
+"""Benchmark (not a test). Run: python benchmarks/bench_cluster.py [--repeats 3] [--seeds 4]
+
+The same 8-run sweep (2 cells x 4 seeds of a tiny testbed: 1 edge x 2 devices, one device host, 1 round, mlp)
+locally with `--jobs 2` and with `--cluster` on a two-node Ray cluster on this machine's loopback (hfl.cluster.
+two_node_cluster: a head and a second node of 1 CPU each, `[cluster] cpus = 1`, so two runs at a time as with
+--jobs 2), each into a fresh --out, taking turns; the median wall time of each over the repeats and their ratio
+(the Ray path's overhead on the same cores: target <= 1.10x), and the median whole-run and start-up seconds per run
+(summary.json's total_seconds and startup_seconds) in both. The cluster's own start (two `ray start`) is not timed.
+Needs the cluster extra and `unshare -n` (root).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from hfl import cluster  # noqa: E402
+
+SPEC = """\
+name = "bench-cluster"
+config = "{root}/deploy/configs/default.toml"
+seeds = {seeds}
+[base]
+"run.rounds" = 1
+"topology.edges" = 1
+"topology.devices_per_edge" = 2
+"topology.device_hosts" = 1
+"model.name" = "mlp"
+"data.max_test_samples" = 200
+[grid]
+"train.lr" = [0.05, 0.1]
+[cluster]
+cpus = 1
+memory_gb = 0.5
+[report]
+fields = ["final_accuracy"]
+curves = ["accuracy"]
+x = ["round"]
+"""
+
+
+def sweep(spec: pathlib.Path, out: pathlib.Path, *args: str, ns: int | None = None) -> float:
+    argv = [sys.executable, "-m", "hfl.cli", "sweep", str(spec), "--out", str(out), "--quiet", *args]
+    t0 = time.perf_counter()
+    done = subprocess.run((["nsenter", "-t", str(ns), "-n"] if ns else []) + argv, cwd=ROOT, capture_output=True,
+                          text=True, timeout=1800, stdin=subprocess.DEVNULL)
+    seconds = time.perf_counter() - t0
+    if done.returncode != 0:
+        raise SystemExit(f"sweep {' '.join(args)} failed:\n{done.stderr[-3000:]}")
+    return seconds
+
+
+def per_run(out: pathlib.Path, key: str) -> list[float]:
+    return [json.loads(p.read_text())[key] for p in out.glob("*/seed-*/summary.json")]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seeds", type=int, default=4, help="seeds a cell (2 cells): 4 = 8 runs")
+    args = parser.parse_args()
+    reason = cluster.loopback_unavailable()
+    if reason:
+        raise SystemExit(reason)
+    with tempfile.TemporaryDirectory(prefix="bench-cluster-") as tmp:
+        spec = pathlib.Path(tmp) / "spec.toml"
+        spec.write_text(SPEC.format(root=ROOT, seeds=list(range(args.seeds))))
+        wall = {"local": [], "cluster": []}
+        runs = {"local": {"total_seconds": [], "startup_seconds": []},
+                "cluster": {"total_seconds": [], "startup_seconds": []}}
+        with cluster.two_node_cluster(cpus=1) as started:
+            for r in range(args.repeats):
+                for kind in ("local", "cluster"):
+                    out = pathlib.Path(tmp) / f"{kind}-{r}"
+                    extra = ("--jobs", "2") if kind == "local" else ("--cluster", cluster.LOOPBACK_HEAD)
+                    wall[kind].append(sweep(spec, out, *extra, ns=started["ns"] if kind == "cluster" else None))
+                    for key in runs[kind]:
+                        runs[kind][key] += per_run(out, key)
+                    print(f"repeat {r} {kind}: {wall[kind][-1]:.1f} s", flush=True)
+    med = {k: statistics.median(v) for k, v in wall.items()}
+    report = {"runs": 2 * args.seeds, "repeats": args.repeats, "wall_seconds": wall,
+              "median_wall_seconds": med, "ratio_cluster_to_local": med["cluster"] / med["local"],
+              "per_run_median": {k: {key: statistics.median(v) for key, v in d.items()} for k, d in runs.items()}}
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -120,24 +120,26 @@ def _raylet_of(holder: int, temp_dir: pathlib.Path) -> int:
     raise AssertionError(f"no raylet with temp dir {temp_dir}")
 
 
-@contextlib.contextmanager
-def netns():
-    """A loopback-only network namespace (hfl.cluster.loopback_namespace: every process in it stopped by PID on
-    leaving, none left); skips where Ray or `unshare -n` is missing."""
+def _need_loopback() -> None:
+    """Skip where Ray or a loopback-only namespace (`unshare -n`) is missing."""
     pytest.importorskip("ray", reason='Ray is not installed: pip install -e ".[cluster]"')
     reason = cluster_mod.loopback_unavailable()
     if reason:
         pytest.skip(reason)
+
+
+@contextlib.contextmanager
+def netns():
+    """A loopback-only network namespace (hfl.cluster.loopback_namespace: every process in it stopped by PID on
+    leaving, none left)."""
+    _need_loopback()
     with cluster_mod.loopback_namespace() as ns:
         yield ns
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    pytest.importorskip("ray", reason='Ray is not installed: pip install -e ".[cluster]"')
-    reason = cluster_mod.loopback_unavailable()
-    if reason:
-        pytest.skip(reason)
+    _need_loopback()
     with cluster_mod.two_node_cluster() as started:
         yield started
 

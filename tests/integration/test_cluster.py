@@ -108,6 +108,22 @@ def test_bad_input_is_one_line_before_anything_starts(tmp_path):
     assert done.returncode == 2 and "(variants.big): cluster.* cpus must be a positive number" in done.stderr, done.stderr
 
 
+def test_what_a_run_reserves_spec_table_per_run_override_or_topology(tmp_path):
+    from hfl import sweep
+
+    text = spec(tmp_path).read_text().replace('[grid]', '[variants.big]\n"cluster.cpus" = 3\n[variants.small]\n'
+                                                          '"run.rounds" = 1\n[grid]')
+    parsed = sweep.parse_spec(text, tmp_path / "s.toml")
+    runs = sweep.expand(parsed, tmp_path / "out")
+    reserved = {r.cell: cluster_mod.resources(r, parsed.cluster) for r in runs}
+    assert reserved["big,train.lr=0.05"] == {"cpus": 3.0, "memory_gb": 0.5}  # the variant's override
+    assert reserved["small,train.lr=0.05"] == {"cpus": 1.0, "memory_gb": 0.5}  # the spec's [cluster]
+    assert all("cluster" not in r.config.__dict__ for r in runs)  # never a config key
+    bare = sweep.parse_spec(text.split("[cluster]")[0] + "[report]" + text.split("[report]")[1], tmp_path / "s.toml")
+    derived = cluster_mod.resources(sweep.expand(bare, tmp_path / "out2")[0], bare.cluster)
+    assert derived == {"cpus": 3.0, "memory_gb": 1.5}  # cloud + one edge + one device host, 0.5 GiB each
+
+
 # ---- a two-node cluster on 127.0.0.1 -------------------------------------------------------------------
 def _raylet_of(holder: int, temp_dir: pathlib.Path) -> int:
     for pid in cluster_mod.namespace_pids(holder):

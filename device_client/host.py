@@ -23,6 +23,7 @@ from hfl.proto import hfl_v1_pb2 as pb
 from hfl.proto import hfl_v1_pb2_grpc as pbg
 
 from . import phases
+from .phases import encode_overrides
 from .modes import DevicePorts
 from .trainer import Trainer, device_shards
 from .training import Shard
@@ -179,16 +180,6 @@ class Device:
             if self.mode.takes_part(task, step) and not await phases.run(self, state, step):
                 return
         self.mode.end_round(state.w)
-
-
-def encode_overrides(device_plan) -> dict:
-    """The encode parameters a device's round-plan entry sets (per-device precision, paper 004)."""
-    out: dict = {}
-    if "bits" in device_plan:
-        out["bits"] = int(device_plan["bits"])
-    if "epsilon1" in device_plan:
-        out["epsilon1"] = float(device_plan["epsilon1"])
-    return out
 
 
 class DeviceHost:

@@ -41,6 +41,16 @@ class RoundState:
     sample_dp: list = field(default_factory=list)  # DP-SGD events since the last upload, sent with it
 
 
+def encode_overrides(device_plan) -> dict:
+    """The encode parameters a device's round-plan entry sets (per-device precision, paper 004)."""
+    out: dict = {}
+    if "bits" in device_plan:
+        out["bits"] = int(device_plan["bits"])
+    if "epsilon1" in device_plan:
+        out["epsilon1"] = float(device_plan["epsilon1"])
+    return out
+
+
 Handler = Callable[[object, RoundState, int], Awaitable[bool]]
 PHASES: Registry[Handler] = Registry("device phase")
 

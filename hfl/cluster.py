@@ -550,6 +550,11 @@ def run_command(config, overrides, out, address: str, quiet: bool, certs: str | 
     except (ClusterError, ConfigError) as exc:
         print(f"cluster error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:  # a role that did not start, a lost node: Ray's error, the logs in --out
+        if not type(exc).__module__.startswith("ray."):
+            raise
+        print(f"cluster run failed: {type(exc).__name__}: {str(exc).strip().splitlines()[-1]}", file=sys.stderr)
+        return 1
 
 
 # ---- a Ray cluster on this machine's loopback (tests/integration/test_cluster.py, benchmarks/bench_cluster.py) ----

@@ -396,7 +396,10 @@ class Role:
         return self.proc.returncode
 
     def files(self) -> bytes:
-        return _tar(self.dir)
+        """The role's directory as tar bytes; the node keeps no copy."""
+        data = _tar(self.dir)
+        shutil.rmtree(self.dir, ignore_errors=True)
+        return data
 
 
 def plan_roles(cfg, nodes: int) -> list[tuple[str, str | None]]:

@@ -90,7 +90,11 @@ def progress_table(info: dict, rows: list[dict], elapsed: float, phase: str, url
 
 
 def _interrupt(*_) -> None:
-    raise KeyboardInterrupt  # SIGTERM stops the whole testbed like Ctrl-C
+    # Ctrl-C and SIGTERM stop the whole testbed; the handler swaps itself out before raising, so a second signal,
+    # however soon, finds _still_stopping (handlers run between bytecodes in the main thread: no gap to race)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _still_stopping)
+    raise KeyboardInterrupt
 
 
 def _still_stopping(*_) -> None:
@@ -129,6 +133,7 @@ def run_with_progress(config, overrides, out=None, quiet: bool = False, certs: s
     bed = Testbed(config, overrides, run_dir=out, certs=certs, resume=resume, force=force, tolerate_failures=True)
     started = launched
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     rows: list[dict] = []
     notices = _DeathNotices(bed, console)
     try:
@@ -196,6 +201,8 @@ def run_with_progress(config, overrides, out=None, quiet: bool = False, certs: s
         for sig in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C while the processes stop: a line, not a traceback
             signal.signal(sig, _still_stopping)
         bed.close()
+        for sig in (signal.SIGINT, signal.SIGTERM):  # stopped: a late one has nothing left to stop (and Python's
+            signal.signal(sig, signal.SIG_IGN)       # shutdown would otherwise die of it, exit -2)
         if (bed.run_dir / "checkpoint.npz").exists():
             console.print(f"[yellow]interrupted: stopping every process[/yellow]; continue this run with:\n  "
                           f"{resume_command(bed.run_dir)}", highlight=False, soft_wrap=True)

@@ -2,6 +2,7 @@
 registers its own device ids only, one insider cannot freeze the model, a forged relayed upload costs only itself,
 and resumed state is checked like a message."""
 import os
+import threading
 import subprocess
 import sys
 import time
@@ -66,6 +67,29 @@ def test_a_node_refuses_plugins_named_by_a_remote_spec(tmp_path):
         for proc in procs:
             proc.kill()
             proc.communicate()
+
+
+class HeldSubmit:
+    """A proxy's rule for an edge: its first Submit of `round_` waits on the way until `release` is set."""
+
+    def __init__(self, round_: int):
+
+        self.round, self.release, self.envelope = round_, threading.Event(), None
+
+    def tamper(self, method, envelope):
+        from .mitm import Act, until
+
+        if method == "Submit" and envelope.meta.round == self.round and self.envelope is None:
+            self.envelope = envelope
+            return Act(envelope, hold=until(self.release.is_set, 300))
+        return Act(envelope)
+
+    def wait(self, tb, timeout: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self.envelope is None:
+            assert time.monotonic() < deadline, f"the edge never submitted round {self.round}"
+            tb.check()
+            time.sleep(0.05)
 
 
 HOSTS2 = SMALL + ["topology.host_layout=per_edge", "topology.hosts_per_edge=2", "run.rounds=3"]
@@ -169,28 +193,16 @@ def test_resumed_state_is_checked_like_a_message(hfl_testbed):
     """A checkpoint of NaN or 1e30 weights, or of the wrong size, refuses the resume in one line (exit 2) and changes
     nothing; a pending result ten values short is discarded with its reason (edge-000's real result, held on the way
     while the cloud is down, then counts); the good checkpoint resumes and the run ends."""
-    import threading
-
     from hfl.proto import hfl_v1_pb2 as pb
 
-    from .mitm import Act, Tamper, until
+    from .mitm import Tamper
 
-    held, release = {}, threading.Event()
+    held = HeldSubmit(round_=1)
 
-    def edge(method, envelope):
-        if method == "Submit" and envelope.meta.round == 1 and not held:
-            held["envelope"] = envelope
-            return Act(envelope, hold=until(release.is_set, 300))
-        return Act(envelope)
-
-    with Tamper(edge) as proxy:
+    with Tamper(held.tamper) as proxy:
         tb = hfl_testbed(overrides=SMALL + ["run.rounds=3", "net.rejoin_grace_s=60"], via={"edge-000": proxy.address})
         proxy.upstream = tb.cloud_address
-        deadline = time.monotonic() + 300
-        while "envelope" not in held:
-            assert time.monotonic() < deadline, "edge-000 never submitted round 1"
-            tb.check()
-            time.sleep(0.05)
+        held.wait(tb)
         tb.kill("cloud")
         path = tb.run_dir / "checkpoint.npz"
         good = path.read_bytes()
@@ -221,7 +233,7 @@ def test_resumed_state_is_checked_like_a_message(hfl_testbed):
                  run_id=str(saved["run_id"]), fused="[]",
                  transforms=np.frombuffer(pb.Meta().SerializeToString(), np.uint8))
         tb.restart("cloud", resume=True)
-        release.set()
+        held.release.set()
         summary = tb.wait(timeout=600)
     log = (tb.logs / "cloud.log").read_text()
     assert summary["rounds"] == 3 and "--resume: discarding" in log and "edge-000.npz" in log and "shape" in log
@@ -232,33 +244,21 @@ def test_an_air_run_resumed_after_the_cloud_died_matches_the_uninterrupted_run(h
     """Over the air a device keeps its own estimate of the global model across rounds: a cloud killed in the middle
     of round 1 (every slot done, edge-000's submit of it held on the way) and resumed from its checkpoint re-runs the round
     from the same estimates, so the metrics equal a clean run's."""
-    import threading
-
-    from .mitm import Act, Tamper, until
+    from .mitm import Tamper
     from .test_faults import key
     from .test_hardening import AIR, clean_run
 
     overrides = AIR + ["run.rounds=3", "net.rejoin_grace_s=60"]
     clean = clean_run(tmp_path_factory, overrides, "clean-air")
-    held, release = {}, threading.Event()
+    held = HeldSubmit(round_=1)
 
-    def edge(method, envelope):
-        if method == "Submit" and envelope.meta.round == 1 and not held:
-            held["envelope"] = envelope
-            return Act(envelope, hold=until(release.is_set, 300))
-        return Act(envelope)
-
-    with Tamper(edge) as proxy:
+    with Tamper(held.tamper) as proxy:
         tb = hfl_testbed(overrides=overrides, via={"edge-000": proxy.address})
         proxy.upstream = tb.cloud_address
-        deadline = time.monotonic() + 300
-        while "envelope" not in held:
-            assert time.monotonic() < deadline, "edge-000 never submitted round 1"
-            tb.check()
-            time.sleep(0.05)
+        held.wait(tb)
         tb.kill("cloud")
         tb.restart("cloud", resume=True)
-        release.set()
+        held.release.set()
         summary = tb.wait(timeout=600)
     assert summary["resumed"] is True and summary["rounds"] == 3
     assert key(tb.metrics()) == key(clean.metrics())

@@ -252,9 +252,10 @@ class DeviceHost:
         executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="train")
         try:
             shards, data = await asyncio.get_running_loop().run_in_executor(executor, device_shards, cfg, ids)
-            if spec.get("data_digest") not in (None, dataset_digest(data)):
+            digest = dataset_digest(data)
+            if spec.get("data_digest") not in (None, digest):
                 raise config_mod.ConfigError(
-                    f"dataset {cfg.data.dataset!r} differs here from the cloud's (digest {dataset_digest(data)}, the "
+                    f"dataset {cfg.data.dataset!r} differs here from the cloud's (digest {digest}, the "
                     f"cloud's {spec['data_digest']}): a dataset must give the same arrays in every process (a plugin "
                     f"dataset: seed it, and read the same files)")
             model = build(cfg.model.name, data.input_shape, data.num_classes)

@@ -264,7 +264,8 @@ def cmd_sweep(args) -> int:
     from hfl.sweep import run_sweep
 
     return run_sweep(args.spec, args.out, jobs=args.jobs, dry_run=args.dry_run, quiet=args.quiet,
-                     only_report=args.report_only, cluster=args.cluster)
+                     only_report=args.report_only, cluster=args.cluster,
+                     max_seeds=args.max_seeds)
 
 
 def _add_tls_args(p: argparse.ArgumentParser) -> None:
@@ -313,6 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no live progress, one line per finished run")
     p.add_argument("--report-only", action="store_true",
                    help="run nothing: evaluate the spec's claims on OUT/results.json and rewrite results.md/.json")
+    p.add_argument("--max-seeds", type=int, metavar="N", help="run and report only the spec's first N seeds (runs go "
+                   "seed by seed, every cell at each seed); a later call with a larger N adds the rest")
     p.add_argument("--cluster", metavar="ADDRESS", help="run every run as a task on a Ray cluster (HOST:PORT of its "
                    "head, or auto: $RAY_ADDRESS); needs the cluster extra; see docs/cluster.md")
     p.set_defaults(func=cmd_sweep)

@@ -48,6 +48,7 @@ import math
 import pathlib
 import re
 import signal
+import statistics
 import threading
 import time
 import tomllib
@@ -64,9 +65,9 @@ from hfl.common import metrics
 
 SPEC_KEYS = ("name", "description", "config", "runner", "seeds", "base", "grid", "variants", "report", "claim",
              "cluster")
-REPORT_KEYS = ("fields", "curves", "x", "group_by", "target", "audit")
+REPORT_KEYS = ("fields", "curves", "x", "group_by", "target", "audit", "volatility")
 DEFAULT_REPORT = {"fields": ["final_accuracy"], "curves": ["accuracy"], "x": ["round", "emulated_seconds"], "group_by": None,
-                  "target": None, "audit": None}
+                  "target": None, "audit": None, "volatility": None}
 TARGET_COLUMNS = ("round", "virtual_seconds", "emulated_seconds", "energy_joules_total", "wall_seconds")
 TARGET_BOUNDS = ("round", "emulated_seconds", "energy_joules_total")  # target.at_least.*: lower bounds, censored runs too
 VARIANT = "variant"  # the varied key that names a [variants.NAME] table
@@ -236,6 +237,14 @@ def parse_spec(text: str, path: pathlib.Path) -> Spec:
             raise SweepError(f"report.target must be one metric and its value, e.g. {{ accuracy = 0.75 }}, got {target!r}")
         report["fields"] = list(report["fields"]) + [f"target.{c}" for c in ("reached",) + TARGET_COLUMNS] + [
             f"target.at_least.{c}" for c in TARGET_BOUNDS]
+    vol = report["volatility"]
+    if vol is not None:
+        if not (isinstance(vol, dict) and set(vol) == {"metric", "from_round"} and isinstance(vol["metric"], str)
+                and isinstance(vol["from_round"], int) and not isinstance(vol["from_round"], bool)
+                and vol["from_round"] >= 0):
+            raise SweepError("report.volatility must be a table like { metric = \"accuracy\", from_round = 25 }, "
+                             f"got {vol!r}")
+        report["fields"] = list(report["fields"]) + [f"volatility.{vol['metric']}"]
     audit = report["audit"]
     if audit is not None and not (isinstance(audit, dict) and set(audit) <= {"trials"} and isinstance(
             audit.get("trials", 2000), int) and audit.get("trials", 2000) >= 4):
@@ -356,6 +365,15 @@ def to_target(rows: list[dict], target: dict) -> dict[str, float | None]:
             "at_least": {c: bound.get(c) for c in TARGET_BOUNDS}}
 
 
+def volatility(rows: list[dict], metric: str, from_round: int) -> float | None:
+    """How much `metric` jumps from round to round: the standard deviation (ddof 1) of its round-to-round changes
+    over the rows from round `from_round` on (past the first rise of the curve); None under three such rows."""
+    values = [r[metric] for r in rows if r.get("round", 0) >= from_round and r.get(metric) is not None]
+    if len(values) < 3:
+        return None
+    return statistics.stdev(b - a for a, b in zip(values, values[1:]))
+
+
 def epsilon_fields(summary: dict) -> dict[str, float]:
     """The run-level numeric summary fields whose name holds "epsilon", at most one level deep (nested keys
     dotted: epsilon_claimed, privacy.epsilon_mean); per-edge planning details stay in summary.json."""
@@ -406,6 +424,12 @@ def aggregate(spec: Spec, runs: list[Run], errors: dict[pathlib.Path, str]) -> l
                 if r.seed in summaries:
                     summaries[r.seed]["target"] = to_target(metrics.read_jsonl(r.run_dir / "metrics.jsonl"),
                                                             spec.report["target"])
+        vol = spec.report.get("volatility")
+        if vol:
+            for r in members:
+                if r.seed in summaries:
+                    rows = metrics.read_jsonl(r.run_dir / "metrics.jsonl")
+                    summaries[r.seed]["volatility"] = {vol["metric"]: volatility(rows, vol["metric"], vol["from_round"])}
         audited = out_dir_of(members[0]) / AUDIT_FILE
         if audited.is_file():  # one audit per cell: the same columns beside every seed
             found = json.loads(audited.read_text())
@@ -668,12 +692,14 @@ def audit_cells(spec: Spec, runs: list[Run], console) -> None:
                       f"{report['epsilon_claimed']:.3g} stated for one release", markup=False)
 
 
-def command(spec_path, out, jobs: int, only_report: bool, cluster: str | None = None) -> str:
+def command(spec_path, out, jobs: int, only_report: bool, cluster: str | None = None,
+            max_seeds: int | None = None) -> str:
     """The command line that re-makes this sweep's results (paths relative to the working directory)."""
     parts = ["hfl sweep", _shown(pathlib.Path(spec_path).resolve())]
     parts += ["--out", _shown(pathlib.Path(out).resolve())] if out else []
     parts += ["--jobs", str(jobs)] if jobs != 1 else []
     parts += ["--cluster", cluster] if cluster else []
+    parts += ["--max-seeds", str(max_seeds)] if max_seeds else []
     return " ".join(parts + (["--report-only"] if only_report else []))
 
 
@@ -681,8 +707,17 @@ def _interrupt(*_) -> None:
     raise KeyboardInterrupt  # SIGTERM stops the sweep like Ctrl-C
 
 
+def first_seeds(runs: list[Run], most: int | None) -> list[Run]:
+    """The runs seed by seed (every cell at a seed before the next seed, so that a stopped sweep leaves its cells
+    at equal numbers of seeds), cut to the first `most` seeds of the spec's list."""
+    order = list(dict.fromkeys(r.seed for r in runs))
+    kept = set(order[:most] if most is not None else order)
+    return sorted((r for r in runs if r.seed in kept), key=lambda r: order.index(r.seed))
+
+
 def run_sweep(spec_path: str | pathlib.Path, out: str | pathlib.Path | None = None, jobs: int = 1,
-              dry_run: bool = False, quiet: bool = False, only_report: bool = False, cluster: str | None = None) -> int:
+              dry_run: bool = False, quiet: bool = False, only_report: bool = False, cluster: str | None = None,
+              max_seeds: int | None = None) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -690,6 +725,8 @@ def run_sweep(spec_path: str | pathlib.Path, out: str | pathlib.Path | None = No
     try:
         if jobs < 1:
             raise SweepError(f"--jobs must be at least 1, got {jobs}")
+        if max_seeds is not None and max_seeds < 1:
+            raise SweepError(f"--max-seeds must be at least 1, got {max_seeds}")
         spec = load_spec(spec_path)
         out_dir = pathlib.Path(out or pathlib.Path("runs") / f"sweep-{spec.name}").resolve()
         if only_report:
@@ -698,7 +735,7 @@ def run_sweep(spec_path: str | pathlib.Path, out: str | pathlib.Path | None = No
                 console.print(line, markup=False)
             console.print(f"results: {out_dir / 'results.md'}, results.json and claim plots", markup=False)
             return 0
-        runs = expand(spec, out_dir)
+        runs = first_seeds(expand(spec, out_dir), max_seeds)
         for run in runs:  # data present, devices against samples, model against data: before any run starts
             try:
                 spec.sweep_runner.preflight(run)
@@ -780,7 +817,7 @@ def run_sweep(spec_path: str | pathlib.Path, out: str | pathlib.Path | None = No
             pool.shutdown(wait=True)
     if spec.report.get("audit") is not None:  # runner testbed only (parse_spec)
         audit_cells(spec, runs, console)
-    prov = provenance(spec, started, command(spec_path, out, jobs, False, cluster))
+    prov = provenance(spec, started, command(spec_path, out, jobs, False, cluster, max_seeds))
     write_results(spec, runs, out_dir, errors, {**prov, "cluster": placement} if ray is not None else prov)
     console.print(f"results: {out_dir / 'results.md'}, results.json and plots", markup=False)
     if not quiet:

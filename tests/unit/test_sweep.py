@@ -49,6 +49,44 @@ def test_expansion_is_variants_times_grid_times_seeds(tmp_path):
     assert plain.config.train.tau == c.Config().train.tau  # a variant's overrides stay in that variant
 
 
+def test_runs_go_seed_by_seed_and_max_seeds_keeps_the_first(tmp_path):
+    runs = sweep.expand(spec_of(tmp_path, GRID.replace("seeds = [3, 4]", "seeds = [7, 3, 5]")), tmp_path / "out")
+    ordered = sweep.first_seeds(runs, None)
+    assert [r.seed for r in ordered] == [7] * 8 + [3] * 8 + [5] * 8  # every cell at a seed before the next seed
+    assert [r.cell for r in ordered[:8]] == [r.cell for r in ordered[8:16]]  # the cells in the spec's order each time
+    assert {r.seed for r in sweep.first_seeds(runs, 2)} == {7, 3} and len(sweep.first_seeds(runs, 2)) == 16
+    assert sweep.first_seeds(runs, 9) == ordered
+
+
+def test_max_seeds_below_one_is_refused_in_one_line(tmp_path, capsys):
+    path = tmp_path / "s.toml"
+    path.write_text("seeds = [1, 2]\n")
+    assert sweep.run_sweep(path, tmp_path / "out", max_seeds=0) == 2
+    assert "--max-seeds must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_volatility_is_the_spread_of_round_to_round_changes_after_from_round():
+    rows = [{"round": i, "accuracy": a} for i, a in enumerate([0.1, 0.5, 0.6, 0.62, 0.58, 0.63])]
+    steps = [0.02, -0.04, 0.05]  # rounds 2 -> 3 -> 4 -> 5
+    mean = sum(steps) / 3
+    expected = (sum((x - mean) ** 2 for x in steps) / 2) ** 0.5
+    assert sweep.volatility(rows, "accuracy", 2) == pytest.approx(expected)
+    assert sweep.volatility(rows, "accuracy", 4) is None  # two rows: no spread of changes
+    assert sweep.volatility([{"round": i, "accuracy": 0.5} for i in range(9)], "accuracy", 0) == 0.0
+
+
+@pytest.mark.parametrize("value", ["'accuracy'", "{ metric = 'accuracy' }", "{ metric = 'accuracy', from_round = -1 }",
+                                   "{ metric = 'accuracy', from_round = 2, x = 1 }"])
+def test_a_bad_volatility_table_is_refused(tmp_path, value):
+    with pytest.raises(sweep.SweepError, match="report.volatility must be a table like"):
+        spec_of(tmp_path, f"[report]\nvolatility = {value}\n")
+
+
+def test_volatility_adds_its_field(tmp_path):
+    spec = spec_of(tmp_path, "[report]\nvolatility = { metric = 'accuracy', from_round = 3 }\n")
+    assert spec.report["fields"][-1] == "volatility.accuracy"
+
+
 def test_config_file_relative_to_the_spec_and_base_overrides_it(tmp_path):
     (tmp_path / "configs").mkdir()
     (tmp_path / "configs" / "x.toml").write_text('[run]\nrounds = 7\nseed = 9\n[train]\nlr = 0.2\n')

@@ -91,6 +91,10 @@ class TrainSection:
     gamma: int = doc(5, "local SGD steps (or epochs, see local_unit) per local phase", min=0)
     local_unit: str = choice("steps", ("steps", "epochs"), "unit of gamma")
     torch_threads: int = doc(1, "torch intra-op threads per process", min=1)
+    device: str = choice("cpu", ("cpu", "auto", "cuda"), "device hosts' torch device: cpu (results bit for bit as "
+                         "without the key), auto = cuda where torch.cuda.is_available() else cpu, cuda = refused before "
+                         "the run where CUDA is missing; a host uses GPU host_index mod the visible GPUs, DP-SGD's "
+                         "per-example step stays on the CPU; see docs/cluster.md")
     participants: int = doc(0, "devices per cluster taking part in a round (s_c^k, drawn uniformly from the run seed); "
                                "0 = every device", min=0)
 

@@ -115,7 +115,8 @@ def num_parameters(model: nn.Module) -> int:
 def get_flat(model: nn.Module) -> np.ndarray:
     import torch
 
-    return torch.nn.utils.parameters_to_vector(model.parameters()).detach().numpy().astype(np.float32, copy=True)
+    # .cpu() of a CPU tensor is the tensor itself: a model on the CPU gives the same bytes as before train.device
+    return torch.nn.utils.parameters_to_vector(model.parameters()).detach().cpu().numpy().astype(np.float32, copy=True)
 
 
 def set_flat(model: nn.Module, vec: np.ndarray) -> None:
@@ -130,3 +131,28 @@ def set_flat(model: nn.Module, vec: np.ndarray) -> None:
         for p in model.parameters():
             p.copy_(flat[offset:offset + p.numel()].view_as(p))
             offset += p.numel()
+
+
+def cuda_devices() -> int:
+    """GPUs torch sees here (0: no CUDA)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def no_cuda(where: str = "on this machine") -> str:
+    return (f'train.device = "cuda" but torch sees no CUDA GPU {where} (torch.cuda.is_available() is False): set '
+            f'train.device = "auto" or "cpu"')
+
+
+def torch_device(setting: str, index: int = 0) -> torch.device:
+    """train.device on a device host: the CPU, or GPU `index` mod the GPUs visible (the hosts of a machine spread
+    over its GPUs by their host index; under Ray each host sees the GPUs it reserved)."""
+    import torch
+
+    from .config_error import ConfigError
+
+    gpus = cuda_devices() if setting in ("auto", "cuda") else 0
+    if setting == "cuda" and not gpus:
+        raise ConfigError(no_cuda())
+    return torch.device("cuda", index % gpus) if gpus else torch.device("cpu")

@@ -260,7 +260,7 @@ class DeviceHost:
                     f"dataset: seed it, and read the same files)")
             model = build(cfg.model.name, data.input_shape, data.num_classes)
             del data
-            trainer = Trainer(model, executor)
+            trainer = Trainer.placed(model, executor, cfg, self.host_index)
             # the largest message a device takes: ExchangeOne's reply is a whole envelope, up to max_message_mb
             message = max(cfg.net.chunk_kib * 1024, cfg.net.max_message_mb << 20)
             dim = num_parameters(model)

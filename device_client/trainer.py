@@ -10,6 +10,7 @@ import torch
 
 from hfl.common import topology
 from hfl.common.data import load_dataset
+from hfl.common.models import torch_device
 from hfl.common.partition import partition
 from hfl.common.seeding import numpy_rng
 
@@ -38,6 +39,13 @@ class Trainer:
     received: list = field(default_factory=list)  # the last SHARED distinct models received, oldest first
 
     SHARED = 16
+
+    @classmethod
+    def placed(cls, model: torch.nn.Module, executor, cfg, host_index: int) -> "Trainer":
+        """The host's trainer with its model on train.device (models.torch_device: on the CPU it is not moved; a
+        `cuda` host without CUDA is a ConfigError naming the key)."""
+        device = torch_device(cfg.train.device, host_index)
+        return cls(model if device.type == "cpu" else model.to(device), executor)
 
     async def run(self, fn, *args, **kwargs):
         return await asyncio.get_running_loop().run_in_executor(self.executor, lambda: fn(self.model, *args, **kwargs))

@@ -1,6 +1,11 @@
-"""Local training as pure functions of (model architecture, flat weights, shard, generator)."""
+"""Local training as pure functions of (model architecture, flat weights, shard, generator).
+
+The model may sit on a GPU (train.device, Trainer.placed): the shard stays on the CPU, each batch is drawn there (the
+same indices from the same generator) and moved to the model's device; results come back as CPU arrays. On the CPU
+nothing is moved: the same floats as before the key existed."""
 from __future__ import annotations
 
+import copy
 from typing import Mapping
 
 import numpy as np
@@ -26,8 +31,20 @@ def _batches(n: int, batch_size: int, steps: int | None, epochs: int | None, gen
             yield torch.randperm(n, generator=gen)[:batch_size]
 
 
-def _loss_and_backward(model: nn.Module, shard: Shard, idx: torch.Tensor) -> float:
+def model_device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def batch_on(device: torch.device, shard: Shard, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mini-batch `idx` of `shard` on `device` (drawn and normalised on the CPU; moved only off it)."""
     x, y = shard.batch(idx)
+    if device.type != "cpu":
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+    return x, y
+
+
+def _loss_and_backward(model: nn.Module, shard: Shard, idx: torch.Tensor) -> float:
+    x, y = batch_on(model_device(model), shard, idx)
     model.zero_grad(set_to_none=True)
     loss = F.cross_entropy(model(x), y)
     loss.backward()
@@ -55,11 +72,12 @@ def local_sgd(model: nn.Module, w: np.ndarray, shard: Shard, lr: float, batch_si
     set_flat(model, w)
     model.train()
     params = list(model.parameters())
+    device = params[0].device
     total, count = 0.0, 0
     for idx in _batches(len(shard), batch_size, steps, epochs, gen):
         for p in params:
             p.grad = None
-        x, y = shard.batch(idx)
+        x, y = batch_on(device, shard, idx)
         loss = F.cross_entropy(model(x), y)
         loss.backward()
         total += float(loss.detach())
@@ -78,7 +96,10 @@ def local_dp_sgd(model: nn.Module, w: np.ndarray, shard: Shard, phase: Mapping[s
     (gaussian or wavelet_gaussian), calibration and multiplier select DP-SGD or DP-SGD-WAV
     (privacy.per_example.dp_sgd), and the DP event it releases: `steps` subsampled Gaussians at the multiplier the
     noise really gives (for the paper's wavelet clip, sigma / max_c W_c). `clip_scale`: a round's clip under a
-    schedule (privacy.schedules), C_r = C x clip_scale."""
+    schedule (privacy.schedules), C_r = C x clip_scale. DP-SGD runs on the CPU (its noise, lots and per-example
+    clipping are built there): a model on a GPU is copied to the CPU for the call."""
+    if model_device(model).type != "cpu":
+        model = copy.deepcopy(model).cpu()
     clips = [phase[f"clip_{j}"] * clip_scale for j in range(len(phase)) if f"clip_{j}" in phase]
     if noise is None or not noise.multiplier > 0:
         raise ValueError("a local_dp_sgd phase needs a device-sample noise instruction with multiplier > 0 in the "
@@ -107,7 +128,7 @@ def minibatch_gradient(model: nn.Module, w: np.ndarray, shard: Shard, batch_size
     idx = torch.randperm(len(shard), generator=gen)[:batch_size]
     loss = _loss_and_backward(model, shard, idx)
     grad = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
-    return grad.numpy().astype(np.float32, copy=True), loss
+    return grad.cpu().numpy().astype(np.float32, copy=True), loss
 
 
 def smoothness(model: nn.Module, w_a: np.ndarray, w_b: np.ndarray, shard: Shard, batch_size: int,

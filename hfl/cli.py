@@ -244,7 +244,12 @@ def cmd_run(args) -> int:
     if args.cluster:  # one testbed spread over a Ray cluster (hfl/cluster.py)
         from hfl.cluster import run_command
 
-        return run_command(args.config, args.overrides, out, args.cluster, args.quiet, args.certs, bool(args.resume))
+        return run_command(args.config, args.overrides, out, args.cluster, args.quiet, args.certs, bool(args.resume),
+                           args.gpus_per_host)
+    if args.gpus_per_host is not None:
+        print("config error: --gpus-per-host reserves GPUs on a Ray cluster: give --cluster too (on this machine "
+              "train.device picks the GPU)", file=sys.stderr)
+        return 2
     try:
         return run_with_progress(args.config, args.overrides, out, quiet=args.quiet, certs=args.certs,
                                  resume=bool(args.resume), force=args.force, allow_deaths=args.allow_deaths,
@@ -304,6 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "recorded in summary.json")
     p.add_argument("--cluster", metavar="ADDRESS", help="spread the testbed's processes over a Ray cluster (HOST:PORT "
                    "of its head, or auto: $RAY_ADDRESS); needs the cluster extra; see docs/cluster.md")
+    p.add_argument("--gpus-per-host", type=float, metavar="N", help="--cluster: GPUs each device host reserves (a "
+                   "fraction in (0, 1]: 0.25 = four hosts share one GPU; or a whole number); for train.device")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("sweep", help="run a grid of experiments (variants x grid x seeds) and tabulate them")

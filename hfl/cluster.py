@@ -18,7 +18,11 @@ node it was lost with), and the sweep's provenance lists the runs per node.
 (SPREAD strategy), each role a Ray actor that starts its `hfl cloud|edge|devices` process on its node, listening on
 every interface; the edges dial the cloud at its node's address, the device hosts their edges', with the run's join
 secret (a host token per device host) and relay secret. The cloud's run directory and every role's log come back to
---out; out/placement.json names each role's node. Not yet: --certs, --resume, edges sharing a process.
+--out; out/placement.json names each role's node. --certs ships each role's certificate to its node, --resume the
+run directory to the cloud's; edges sharing a process are refused.
+
+GPUs: a run reserves `gpus_per_host` ([cluster], a run's cluster.gpus_per_host, `hfl run --gpus-per-host`) for each
+of its device hosts (Ray's num_gpus); train.device (common/models.torch_device) is where the hosts train.
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ import contextlib
 import dataclasses
 import io
 import json
+import math
 import os
 import pathlib
 import shutil
@@ -37,7 +42,9 @@ from typing import Any
 
 EXTRA = 'pip install -e ".[cluster]"'
 KEYS = {"cpus": "logical CPUs a run reserves on its node (default: one per role process)",
-        "memory_gb": "memory a run reserves, GiB (default: 0.5 per role process)"}
+        "memory_gb": "memory a run reserves, GiB (default: 0.5 per role process)",
+        "gpus_per_host": "GPUs each device host reserves (Ray's num_gpus): a fraction in (0, 1] (0.25: four hosts "
+                         "share one GPU) or a whole number (default: none; for train.device = auto or cuda)"}
 NODE_FILE = "node.json"
 
 
@@ -56,7 +63,31 @@ def check_table(table: Any, where: str) -> dict[str, float]:
     for key, value in table.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
             raise ClusterError(f"{where} {key} must be a positive number, got {value!r}")
+    check_gpus(table.get("gpus_per_host"), f"{where} gpus_per_host")
     return dict(table)
+
+
+def check_gpus(value: float | None, where: str) -> float:
+    """gpus_per_host: a fraction in (0, 1] or a whole number of GPUs, as Ray takes them (None: no GPU, 0.0)."""
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 \
+            or (value > 1 and not float(value).is_integer()):
+        raise ClusterError(f"{where} must be a fraction in (0, 1] (a share of one GPU) or a whole number of GPUs, "
+                           f"got {value!r}")
+    return float(value)
+
+
+def gpus_needed(hosts: int, per_host: float) -> float:
+    """GPUs `hosts` device hosts of `per_host` each reserve together, as one Ray request (over one: whole GPUs)."""
+    total = hosts * per_host
+    return total if total <= 1 else float(math.ceil(total - 1e-9))
+
+
+def check_device(cfg, gpus: float, where: str) -> None:
+    """train.device = "cuda" on a cluster needs GPUs reserved: a run without them may land on a node without one."""
+    if cfg.train.device == "cuda" and not gpus:
+        raise ClusterError(f'{where}: train.device = "cuda" needs GPUs reserved on the cluster: set gpus_per_host')
 
 
 def processes(cfg) -> int:
@@ -70,10 +101,14 @@ def processes(cfg) -> int:
 
 
 def resources(run, table: dict[str, float]) -> dict[str, float]:
-    """What one run reserves: its own cluster.* overrides, else the spec's [cluster], else derived."""
+    """What one run reserves: its own cluster.* overrides, else the spec's [cluster], else derived; GPUs:
+    gpus_per_host for each of its device hosts (gpus_needed)."""
+    from hfl.common import topology
+
     n = processes(run.config)
     merged = {"cpus": float(n), "memory_gb": 0.5 * n, **table, **(run.resources or {})}
-    return {"cpus": float(merged["cpus"]), "memory_gb": float(merged["memory_gb"])}
+    gpus = gpus_needed(topology.host_count(run.config, cpus=1), float(merged.get("gpus_per_host", 0.0)))
+    return {"cpus": float(merged["cpus"]), "memory_gb": float(merged["memory_gb"]), "gpus": gpus}
 
 
 def committed_seconds(spec, out: pathlib.Path) -> dict[str, float]:
@@ -104,7 +139,8 @@ def estimate_lines(spec, runs, todo, table, out: pathlib.Path) -> list[str]:
         r = resources(run, table)
         s = seconds.get(run.cell)
         lines.append(f"  {'todo' if id(run) in to_do else 'done'}  {run.run_dir.relative_to(out)}  {r['cpus']:g} CPU, "
-                     f"{r['memory_gb']:g} GiB" + (f", ~{s:.0f} s" if s is not None else ""))
+                     f"{r['memory_gb']:g} GiB" + (f", {r['gpus']:g} GPU" if r["gpus"] else "")
+                     + (f", ~{s:.0f} s" if s is not None else ""))
         if id(run) in to_do:
             if s is None:
                 unknown += 1
@@ -173,6 +209,7 @@ def alive_nodes(ray) -> dict[str, dict]:
             ip = node.get("NodeManagerAddress")
             out[node["NodeID"]] = {"name": label(ip, node["NodeID"], ips.count(ip) > 1), "ip": ip,
                                    "cpus": res.get("CPU", 0.0), "memory_gb": res.get("memory", 0.0) / 2 ** 30,
+                                   "gpus": res.get("GPU", 0.0),
                                    "custom": sorted(k for k in res if k not in STANDARD and not k.startswith("node:"))}
     return out
 
@@ -191,8 +228,14 @@ def check_fits(runs, table, nodes: dict[str, dict]) -> None:
         raise ClusterError("the Ray cluster has no node alive")
     most_cpus = max(n["cpus"] for n in nodes.values())
     most_mem = max(n["memory_gb"] for n in nodes.values())
+    most_gpus = max(n.get("gpus", 0.0) for n in nodes.values())
     for run in runs:
         r = resources(run, table)
+        check_device(run.config, r["gpus"], f"cell {run.cell}")
+        if r["gpus"] > most_gpus:
+            per_host = {**table, **(run.resources or {})}.get("gpus_per_host")
+            raise ClusterError(f"cell {run.cell}: a run reserves {r['gpus']:g} GPUs (gpus_per_host = {per_host:g} for "
+                               f"each device host), more than any node has (at most {most_gpus:g})")
         if r["cpus"] > most_cpus:
             raise ClusterError(f"cell {run.cell}: a run reserves {r['cpus']:g} CPUs, more than any node has (at most "
                                f"{most_cpus:g}); set [cluster] cpus (or cluster.cpus in its variant) lower")
@@ -252,7 +295,8 @@ def execute(spec, todo, out: pathlib.Path, table: dict, address: str, ray, conso
 
     def submit(run):
         r = resources(run, table)
-        return remote.options(num_cpus=r["cpus"], memory=int(r["memory_gb"] * 2 ** 30), max_retries=0,
+        return remote.options(num_cpus=r["cpus"], memory=int(r["memory_gb"] * 2 ** 30), num_gpus=r["gpus"],
+                              max_retries=0,
                               name=f"hfl-{spec.name}-{run.cell}-seed-{run.seed}").remote(run, spec.runner, cwd, timeout)
 
     def show(name: str, key: str) -> None:
@@ -340,7 +384,10 @@ class Role:
         self.proc = None
         self.log = None
 
-    def start(self, name: str, args: list[str], env: dict, config_text: str) -> dict:
+    def start(self, name: str, args: list[str], env: dict, config_text: str, files: dict[str, bytes] | None = None
+              ) -> dict:
+        """Start the role's process (`{dir}` in its args: this role's directory), after writing `files` (relative path
+        -> bytes: its certificates, a resumed cloud's run directory) there."""
         import sys
 
         import ray
@@ -350,6 +397,12 @@ class Role:
         (self.dir / "ports").mkdir(exist_ok=True)
         (self.dir / "logs").mkdir(exist_ok=True)
         (self.dir / "config.toml").write_text(config_text)
+        for rel, data in (files or {}).items():
+            path = self.dir / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+            if rel.endswith(".key"):
+                path.chmod(0o600)
         self.log = self.dir / "logs" / f"{name}.log"
         argv = [sys.executable, "-m", "hfl.cli", *[a.replace("{dir}", str(self.dir)) for a in args]]
         full = dict(os.environ, PYTHONUNBUFFERED="1", HFL_PARENT_PID=str(os.getpid()), **env)
@@ -396,7 +449,8 @@ class Role:
         return self.proc.returncode
 
     def files(self) -> bytes:
-        """The role's directory as tar bytes; the node keeps no copy."""
+        """The role's directory as tar bytes (its certificates and keys left out); the node keeps no copy."""
+        shutil.rmtree(self.dir / "certs", ignore_errors=True)
         data = _tar(self.dir)
         shutil.rmtree(self.dir, ignore_errors=True)
         return data
@@ -431,25 +485,93 @@ def role_cpus(node_cpus: list[float], roles: int) -> float:
     return 0.0
 
 
-def run_spread(config, overrides, out, address: str, quiet: bool = False, cpus_per_role: float | None = None) -> int:
+def spread_config(config, overrides, out, resume: bool):
+    """The run's config and the files its cloud starts with: a new run's (none), or under --resume the run
+    directory `out` (config.toml from it, the one override taken more rounds, as a local resume)."""
+    from hfl.common import config as config_mod
+
+    if not resume:
+        return config_mod.load(config, overrides), {}
+    from hfl.testbed import _check_resume_overrides
+
+    run_dir = pathlib.Path(out)
+    saved = run_dir / "config.toml"
+    if config is not None and pathlib.Path(config).resolve() != saved.resolve():
+        raise ClusterError(f"--resume continues the run with its own config ({saved}): give no config file")
+    if not saved.is_file():
+        raise ClusterError(f"--resume {run_dir}: no config.toml there (not a run directory)")
+    if (run_dir / "summary.json").is_file():
+        raise ClusterError(f"{run_dir} holds a summary.json: the run finished, nothing to resume")
+    _check_resume_overrides(overrides)
+    cfg = config_mod.load(saved, overrides)
+    before = config_mod.load(saved).run.rounds
+    if cfg.run.rounds < before:
+        raise ClusterError(f"--resume --set run.rounds={cfg.run.rounds}: the run has {before} rounds; a resume can "
+                           f"only add rounds")
+    skip = {"logs", "placement.json"}  # this driver's, not the cloud's
+    files = {f"run/{f.relative_to(run_dir).as_posix()}": f.read_bytes() for f in sorted(run_dir.rglob("*"))
+             if f.is_file() and f.relative_to(run_dir).parts[0] not in skip}
+    if cfg.run.rounds != before:
+        files["run/config.toml"] = config_mod.to_toml(cfg).encode()
+    return cfg, files
+
+
+def tls_files(flags: list[str], root: pathlib.Path) -> tuple[list[str], dict[str, bytes]]:
+    """A role's TLS flags (hfl/testbed_certs.py) as paths on its node, {dir}/certs/REL, and the files to ship there:
+    each path's, a device manifest's with its folder of certificates."""
+    args, files = [], {}
+    root = root.resolve()
+    for flag, value in zip(flags[::2], flags[1::2]):
+        path = pathlib.Path(value).resolve()
+        for f in sorted(q for q in path.parent.iterdir() if q.is_file()) if flag == "--device-certs" else [path]:
+            files[f"certs/{f.relative_to(root).as_posix()}"] = f.read_bytes()
+        args += [flag, "{dir}/certs/" + path.relative_to(root).as_posix()]
+    return args, files
+
+
+def check_gpu_fit(nodes: dict[str, dict], hosts: int, gpus: float) -> None:
+    """A spread run's device hosts of `gpus` each: each fits a node, all fit the cluster."""
+    most = max((n.get("gpus", 0.0) for n in nodes.values()), default=0.0)
+    total = sum(n.get("gpus", 0.0) for n in nodes.values())
+    if gpus > most or hosts * gpus > total + 1e-9:
+        raise ClusterError(f"--gpus-per-host {gpus:g}: {hosts} device hosts need {hosts * gpus:g} GPUs, {gpus:g} on "
+                           f"one node; the cluster has {total:g} (at most {most:g} on a node)")
+
+
+def run_spread(config, overrides, out, address: str, quiet: bool = False, cpus_per_role: float | None = None,
+               gpus_per_host: float | None = None, certs: str | None = None, resume: bool = False) -> int:
     """One testbed over the cluster: a placement group of one bundle per role process, SPREAD over the nodes;
     the cloud first, each edge dialling the cloud's node address, each device host its edges'. The cloud's run
-    directory comes back to `out` (and every role's log to out/logs, where each ran to out/placement.json)."""
+    directory comes back to `out` (and every role's log to out/logs, where each ran to out/placement.json).
+    `certs`: mutual TLS as a local run's (hfl/testbed_certs.py), each role's certificate and key shipped to its node;
+    `resume`: `out` is a run directory, its files shipped to the cloud's node and the cloud started on its checkpoint;
+    `gpus_per_host`: each device host's bundle and actor reserve that many GPUs."""
     import secrets
     import sys
 
     from hfl.common import config as config_mod
     from hfl.common import plugins, session, topology
-    from hfl.preflight import preflight
+    from hfl.preflight import devices_elsewhere, preflight
 
-    cfg = config_mod.load(config, overrides)
-    preflight(cfg)
+    gpus = check_gpus(gpus_per_host, "--gpus-per-host")
+    cfg, run_files = spread_config(config, overrides, out, resume)
+    with devices_elsewhere():  # train.device = "cuda": the nodes' GPUs (check_device, the hosts themselves)
+        preflight(cfg)
+    check_device(cfg, gpus, "--cluster")
     out = pathlib.Path(out or pathlib.Path("runs") / f"{cfg.run.name}-cluster-{time.strftime('%Y%m%d-%H%M%S')}")
-    if (out / "summary.json").is_file():
+    if (out / "summary.json").is_file() and not resume:
         raise ClusterError(f"{out} holds a finished run: give another --out")
     ray = connect(address)
+    tls = {}
+    if certs:  # a CA in DIR (made when missing) and each role's certificate, as for a local run
+        from hfl.testbed_certs import testbed_tls_args
+
+        tls = testbed_tls_args(certs, cfg)
     nodes = alive_nodes(ray)
     roles = plan_roles(cfg, len(nodes))
+    hosts = roles[1 + cfg.topology.edges:]
+    if gpus:
+        check_gpu_fit(nodes, len(hosts), gpus)
     total = sum(n["cpus"] for n in nodes.values())
     cpus_per_role = cpus_per_role or role_cpus([n["cpus"] for n in nodes.values()], len(roles))
     if not cpus_per_role or cpus_per_role * len(roles) > total:
@@ -458,13 +580,16 @@ def run_spread(config, overrides, out, address: str, quiet: bool = False, cpus_p
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    group = placement_group([{"CPU": cpus_per_role}] * len(roles), strategy="SPREAD")
+    host_bundle = {"CPU": cpus_per_role, **({"GPU": gpus} if gpus else {})}
+    group = placement_group([{"CPU": cpus_per_role}] * (len(roles) - len(hosts)) + [host_bundle] * len(hosts),
+                            strategy="SPREAD")
     try:
         ray.get(group.ready(), timeout=120)
     except ray.exceptions.GetTimeoutError:
         remove_placement_group(group)
         raise ClusterError(f"--cluster: the cluster did not place {len(roles)} processes at {cpus_per_role:g} CPU "
-                           f"each within 120 s (other work holds its CPUs?)") from None
+                           f"each{f' ({gpus:g} GPU a device host)' if gpus else ''} within 120 s (other work holds "
+                           f"its CPUs?)") from None
     actor = ray.remote(Role)
     join = os.environ.get(session.JOIN_ENV) or secrets.token_hex(16)
     relay = os.environ.get("HFL_RELAY_SECRET") or secrets.token_hex(32)
@@ -476,24 +601,30 @@ def run_spread(config, overrides, out, address: str, quiet: bool = False, cpus_p
     say = (lambda *a: None) if quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     code = 1
     try:
-        def launch(i: int, name: str, args: list[str], env: dict) -> None:
-            actors[name] = actor.options(num_cpus=cpus_per_role, scheduling_strategy=PlacementGroupSchedulingStrategy(
-                placement_group=group, placement_group_bundle_index=i)).remote()
-            placed[name] = ray.get(actors[name].start.remote(name, args, {**common_env, **env}, text))
+        def launch(i: int, name: str, args: list[str], env: dict, key: str | None = None, files=None) -> None:
+            flags, cert_files = tls_files(tls.get(key or name, []), pathlib.Path(certs)) if tls else ([], {})
+            actors[name] = actor.options(num_cpus=cpus_per_role, num_gpus=gpus if i > edges else 0,
+                                         scheduling_strategy=PlacementGroupSchedulingStrategy(
+                                             placement_group=group, placement_group_bundle_index=i)).remote()
+            placed[name] = ray.get(actors[name].start.remote(name, args + flags, {**common_env, **env}, text,
+                                                             {**(files or {}), **cert_files}))
 
-        launch(0, "cloud", ["cloud", "{dir}/config.toml", "--listen", "0.0.0.0:0", "--run-dir", "{dir}/run",
-                            "--port-file", "{dir}/ports/cloud"], {session.JOIN_ENV: join, "HFL_RELAY_SECRET": relay})
+        edges = cfg.topology.edges
+        launch(0, "cloud", ["cloud", "{dir}/run/config.toml" if resume else "{dir}/config.toml", "--listen",
+                            "0.0.0.0:0", "--run-dir", "{dir}/run", "--port-file", "{dir}/ports/cloud"]
+               + (["--resume"] if resume else []), {session.JOIN_ENV: join, "HFL_RELAY_SECRET": relay},
+               files=run_files)
         cloud = ray.get(actors["cloud"].address.remote("cloud"))
         edge_address = {}
-        for i, (name, edge) in enumerate(roles[1:1 + cfg.topology.edges], start=1):
+        for i, (name, edge) in enumerate(roles[1:1 + edges], start=1):
             launch(i, name, ["edge", "--id", edge, "--cloud", cloud, "--port-file", "{dir}/ports/" + edge, "--listen",
-                             "0.0.0.0:0", "--metrics-listen", "127.0.0.1:0"], {session.JOIN_ENV: join})
-        for name, edge in roles[1:1 + cfg.topology.edges]:
+                             "0.0.0.0:0", "--metrics-listen", "127.0.0.1:0"] + (["--rejoin"] if resume else []),
+                   {session.JOIN_ENV: join})
+        for name, edge in roles[1:1 + edges]:
             edge_address[edge] = ray.get(actors[name].address.remote(edge))
-        hosts = roles[1 + cfg.topology.edges:]
-        members = [topology.edge_members(cfg, e) for e in range(cfg.topology.edges)]
+        members = [topology.edge_members(cfg, e) for e in range(edges)]
         for h, (name, edge) in enumerate(hosts, start=0):
-            i = 1 + cfg.topology.edges + h
+            i = 1 + edges + h
             if cfg.topology.host_layout == "per_edge":
                 e, k = list(edge_address).index(edge), int(name.rsplit("-", 1)[1])
                 share = topology.host_slice(members[e], k, cfg.topology.hosts_per_edge)
@@ -504,10 +635,12 @@ def run_spread(config, overrides, out, address: str, quiet: bool = False, cpus_p
                 args = ["devices", *[a for e, addr in edge_address.items() for a in ("--edge", f"{e}={addr}")],
                         "--host-index", str(h), "--hosts", str(len(hosts))]
             token = session.host_token(join, topology.device_index(share[0]), topology.device_index(share[-1]))
-            launch(i, name, args, {session.HOST_ENV: token, "HFL_RELAY_SECRET": relay})
+            launch(i, name, args, {session.HOST_ENV: token, "HFL_RELAY_SECRET": relay},
+                   key=name if cfg.topology.host_layout == "per_edge" else "devices")
         say(f"run {cfg.run.name} on {address}: " + ", ".join(f"{n} on {placed[n]['ip']}/{placed[n]['node_id'][:8]}"
                                                             for n in placed))
-        seen = 0
+        done = out / "metrics.jsonl"  # a resumed run's rounds before this part: not shown again
+        seen = len(done.read_text().splitlines()) if resume and done.is_file() else 0
         while True:
             rows, code = ray.get(actors["cloud"].rows.remote(seen))
             for line in rows:
@@ -518,6 +651,8 @@ def run_spread(config, overrides, out, address: str, quiet: bool = False, cpus_p
                 break
             time.sleep(1.0)
         ray.get([a.wait.remote(60) for n, a in actors.items() if n != "cloud"])
+    except KeyboardInterrupt:  # Ctrl-C: every role stopped, what they wrote brought back, then the way on
+        code = 130
     finally:
         for name, a in actors.items():
             try:
@@ -531,26 +666,32 @@ def run_spread(config, overrides, out, address: str, quiet: bool = False, cpus_p
                     shutil.copytree(pathlib.Path(tmp) / "run", out, dirs_exist_ok=True)
                 for log in (pathlib.Path(tmp) / "logs").glob("*.log"):
                     (out / "logs").mkdir(parents=True, exist_ok=True)
-                    log.replace(out / "logs" / log.name)
+                    with open(out / "logs" / log.name, "ab") as f:  # a resumed run's after the first part's
+                        f.write(log.read_bytes())
             ray.kill(a)
         remove_placement_group(group)
         if out.is_dir():
             (out / "placement.json").write_text(json.dumps(placed, indent=1) + "\n")
     say(f"run directory: {out}")
+    if code == 130 and not (out / "summary.json").is_file():
+        print(f"interrupted; continue this run with:\n  hfl run --resume {out} --cluster {address}"
+              + (f" --certs {certs}" if certs else "") + (f" --gpus-per-host {gpus:g}" if gpus else ""),
+              file=sys.stderr, flush=True)
     return code
 
 
-def run_command(config, overrides, out, address: str, quiet: bool, certs: str | None, resume: bool) -> int:
+def run_command(config, overrides, out, address: str, quiet: bool, certs: str | None, resume: bool,
+                gpus_per_host: float | None = None) -> int:
     """`hfl run CONFIG --cluster ADDRESS`: one line on bad input, before anything starts."""
     import sys
 
+    from hfl.common.certs import CertError
     from hfl.common.config import ConfigError
 
     try:
-        if certs or resume:
-            raise ClusterError("--cluster: --certs and --resume are for a run on this machine (not yet over a cluster)")
-        return run_spread(config, overrides, out, address, quiet=quiet)
-    except (ClusterError, ConfigError) as exc:
+        return run_spread(config, overrides, out, address, quiet=quiet, gpus_per_host=gpus_per_host, certs=certs,
+                          resume=resume)
+    except (ClusterError, ConfigError, CertError) as exc:
         print(f"cluster error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # a role that did not start, a lost node: Ray's error, the logs in --out

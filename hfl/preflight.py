@@ -1,9 +1,12 @@
 """Checks of a config that need data or a model but no running node, done before any process starts
 (`hfl run`, `hfl config`, `hfl sweep --dry-run`, the Testbed): the dataset is there, every device gets samples,
-the model accepts the data's shape, a latency.auto_tau_gamma deadline fits the model's T_di, and an air run's
-messages fit net.max_message_mb. Each failure is a ConfigError naming the key to change."""
+the model accepts the data's shape, a latency.auto_tau_gamma deadline fits the model's T_di, an air run's
+messages fit net.max_message_mb, and train.device = "cuda" finds CUDA (here, unless the device hosts run on a Ray
+cluster's nodes: `devices_elsewhere`). Each failure is a ConfigError naming the key to change."""
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from typing import Callable, Sequence
 
 from hfl.common.channel.config import check_air_messages
@@ -11,6 +14,27 @@ from hfl.common.config import Config, ConfigError
 from hfl.node_spawn import CallFailed, call_here
 
 _checked: dict[str, dict] = {}
+_devices_here = contextvars.ContextVar("devices_here", default=True)
+
+
+@contextlib.contextmanager
+def devices_elsewhere(elsewhere: bool = True):
+    """Within: the runs' device hosts start on other machines (`--cluster`), so train.device = "cuda" is not checked
+    against this one's GPUs (a task's testbed checks its node's; hfl/cluster.py checks the reservation)."""
+    token = _devices_here.set(not elsewhere)
+    try:
+        yield
+    finally:
+        _devices_here.reset(token)
+
+
+def check_train_device(cfg: Config, call: Callable = call_here) -> None:
+    """train.device = "cuda" without a CUDA GPU here: refused before any process starts (through `call`, so that the
+    launcher itself need not import torch)."""
+    from hfl.common.models import cuda_devices, no_cuda
+
+    if cfg.train.device == "cuda" and _devices_here.get() and not call(cuda_devices):
+        raise ConfigError(no_cuda())
 
 
 def preflight(cfg: Config, call: Callable = call_here) -> dict:
@@ -22,6 +46,7 @@ def preflight(cfg: Config, call: Callable = call_here) -> dict:
 
     from hfl.common.config import to_dict
 
+    check_train_device(cfg, call)
     d = to_dict(cfg)
     key = json.dumps([d["data"], d["model"], d["topology"], d["run"]["seed"], d["run"]["plugins"]], sort_keys=True)
     if key in _checked:

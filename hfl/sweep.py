@@ -62,6 +62,7 @@ from hfl import runners as runners_mod
 from hfl import families  # noqa: F401  (a spec's configs name their sections and algorithms)
 from hfl.common import config as config_mod
 from hfl.common import metrics
+from hfl.preflight import devices_elsewhere
 
 SPEC_KEYS = ("name", "description", "config", "runner", "seeds", "base", "grid", "variants", "report", "claim",
              "cluster")
@@ -738,7 +739,8 @@ def run_sweep(spec_path: str | pathlib.Path, out: str | pathlib.Path | None = No
         runs = first_seeds(expand(spec, out_dir), max_seeds)
         for run in runs:  # data present, devices against samples, model against data: before any run starts
             try:
-                spec.sweep_runner.preflight(run)
+                with devices_elsewhere(cluster is not None):  # train.device = "cuda": the cluster's GPUs, not ours
+                    spec.sweep_runner.preflight(run)
             except config_mod.ConfigError as exc:
                 raise SweepError(f"cell {run.cell}: {exc}") from None
     except SweepError as exc:

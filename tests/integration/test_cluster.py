@@ -98,10 +98,19 @@ def test_bad_input_is_one_line_before_anything_starts(tmp_path):
     assert done.stderr.strip() == ('cluster error: --cluster needs Ray, which is not installed: pip install -e '
                                    '".[cluster]" (the `cluster` extra)')
     assert not out.exists()
-    done = subprocess.run([sys.executable, "-m", "hfl.cli", "run", str(ROOT / "deploy/configs/default.toml"), "--certs",
-                           str(tmp_path / "ca"), "--cluster", "127.0.0.1:1"], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and done.stderr.strip() == ("cluster error: --cluster: --certs and --resume are for a "
-                                                            "run on this machine (not yet over a cluster)")
+    runs = {("--resume", str(tmp_path), "--cluster", "127.0.0.1:1"):
+            f"cluster error: --resume {tmp_path}: no config.toml there (not a run directory)",
+            ("--gpus-per-host", "1.5", "--cluster", "127.0.0.1:1"): "cluster error: --gpus-per-host must be a fraction "
+            "in (0, 1] (a share of one GPU) or a whole number of GPUs, got 1.5",
+            ("--set", "train.device=cuda", "--cluster", "127.0.0.1:1"): 'cluster error: --cluster: train.device = '
+            '"cuda" needs GPUs reserved on the cluster: set gpus_per_host',
+            ("--gpus-per-host", "1"): "config error: --gpus-per-host reserves GPUs on a Ray cluster: give --cluster too"}
+    for args, message in runs.items():
+        done = subprocess.run([sys.executable, "-m", "hfl.cli", "run", *args, "--certs", str(tmp_path / "ca")],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and done.stderr.startswith(message), done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not (tmp_path / "ca").exists()  # nothing issued before the cluster is reached
     over = tmp_path / "over.toml"
     over.write_text(good.read_text().replace('[grid]', '[variants.big]\n"cluster.cpus" = 0\n[grid]'))
     done = hfl_sweep(over, "--out", out, "--dry-run", timeout=120)
@@ -116,12 +125,12 @@ def test_what_a_run_reserves_spec_table_per_run_override_or_topology(tmp_path):
     parsed = sweep.parse_spec(text, tmp_path / "s.toml")
     runs = sweep.expand(parsed, tmp_path / "out")
     reserved = {r.cell: cluster_mod.resources(r, parsed.cluster) for r in runs}
-    assert reserved["big,train.lr=0.05"] == {"cpus": 3.0, "memory_gb": 0.5}  # the variant's override
-    assert reserved["small,train.lr=0.05"] == {"cpus": 1.0, "memory_gb": 0.5}  # the spec's [cluster]
+    assert reserved["big,train.lr=0.05"] == {"cpus": 3.0, "memory_gb": 0.5, "gpus": 0.0}  # the variant's override
+    assert reserved["small,train.lr=0.05"] == {"cpus": 1.0, "memory_gb": 0.5, "gpus": 0.0}  # the spec's [cluster]
     assert all("cluster" not in r.config.__dict__ for r in runs)  # never a config key
     bare = sweep.parse_spec(text.split("[cluster]")[0] + "[report]" + text.split("[report]")[1], tmp_path / "s.toml")
     derived = cluster_mod.resources(sweep.expand(bare, tmp_path / "out2")[0], bare.cluster)
-    assert derived == {"cpus": 3.0, "memory_gb": 1.5}  # cloud + one edge + one device host, 0.5 GiB each
+    assert derived == {"cpus": 3.0, "memory_gb": 1.5, "gpus": 0.0}  # cloud + one edge + one device host, 0.5 GiB each
 
 
 # ---- a two-node cluster on 127.0.0.1 -------------------------------------------------------------------
@@ -220,8 +229,14 @@ def hfl_run(out, *args, ns: int | None = None) -> subprocess.CompletedProcess:
                           text=True, timeout=600, stdin=subprocess.DEVNULL)
 
 
-def test_one_testbed_spread_over_both_nodes_equals_a_local_run(cluster, tmp_path):
-    spread = hfl_run(tmp_path / "spread", "--cluster", HEAD, ns=cluster["ns"])
+def _rows(out: pathlib.Path) -> list[dict]:
+    return [{k: v for k, v in json.loads(line).items() if k not in TIMES}
+            for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_one_testbed_spread_over_both_nodes_under_mutual_tls_equals_a_local_run(cluster, tmp_path):
+    ca = tmp_path / "ca"
+    spread = hfl_run(tmp_path / "spread", "--cluster", HEAD, "--certs", ca, ns=cluster["ns"])
     assert spread.returncode == 0, spread.stderr[-3000:]
     local = hfl_run(tmp_path / "local")
     assert local.returncode == 0, local.stderr[-3000:]
@@ -230,11 +245,63 @@ def test_one_testbed_spread_over_both_nodes_equals_a_local_run(cluster, tmp_path
     assert {placed[e]["node_id"] for e in ("edge-000", "edge-001")} - {placed["cloud"]["node_id"]}  # an edge elsewhere
     assert len({p["node_id"] for p in placed.values()}) == 2
     assert sorted(p.name for p in (tmp_path / "spread" / "logs").glob("*.log")) == [f"{n}.log" for n in sorted(placed)]
-    rows = [[{k: v for k, v in json.loads(line).items() if k not in TIMES}
-             for line in (tmp_path / d / "metrics.jsonl").read_text().splitlines()] for d in ("spread", "local")]
+    rows = [_rows(tmp_path / d) for d in ("spread", "local")]
     assert len(rows[0]) == 2 and rows[0] == rows[1]
     assert json.loads((tmp_path / "spread" / "summary.json").read_text())["final_accuracy"] == \
         json.loads((tmp_path / "local" / "summary.json").read_text())["final_accuracy"]
+    # mutual TLS as a local --certs run's: the CA and every node's certificate in DIR, each shipped to its role's node
+    assert (ca / "ca.pem").is_file() and (ca / "nodes" / "cloud.pem").is_file() and (ca / "devices").is_dir()
+    assert not list((tmp_path / "spread").rglob("*.key"))  # no private key comes back
+
+    # interrupted once its first round is in (the cloud held with SIGSTOP, then Ctrl-C to the driver), resumed
+    # over the cluster: every round once, the same metrics as the uninterrupted local run
+    out = tmp_path / "resumed"
+    sets = [a for x in RUN for a in ("--set", x)]
+    argv = ["nsenter", "-t", str(cluster["ns"]), "-n", sys.executable, "-m", "hfl.cli", "run",
+            str(ROOT / "deploy/configs/default.toml"), *sets, "--out", str(out), "--quiet", "--cluster", HEAD, "--certs",
+            str(ca)]
+    driver = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              stdin=subprocess.DEVNULL)
+    try:
+        cloud, argv = _cloud_of(cluster["ns"], driver)
+        run_dir = pathlib.Path(argv[argv.index("--run-dir") + 1])
+        assert {"--ca", "--cert", "--key"} <= set(argv)  # the cloud serves under mutual TLS, its files on its node
+        deadline = time.monotonic() + 300
+        while not ((run_dir / "checkpoint.npz").is_file() and (run_dir / "metrics.jsonl").is_file()
+                   and (run_dir / "metrics.jsonl").read_text().count("\n") >= 1):
+            assert driver.poll() is None and time.monotonic() < deadline, "the spread run wrote no first round"
+            time.sleep(0.02)
+        os.kill(cloud, signal.SIGSTOP)
+        assert (run_dir / "metrics.jsonl").read_text().count("\n") == 1
+        driver.send_signal(signal.SIGINT)
+        _, err = driver.communicate(timeout=300)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    assert driver.returncode == 130 and f"hfl run --resume {out} --cluster {HEAD} --certs {ca}" in err, err[-3000:]
+    assert "Traceback" not in err and not (out / "summary.json").exists() and len(_rows(out)) == 1, err[-3000:]
+    resumed = subprocess.run(["nsenter", "-t", str(cluster["ns"]), "-n", sys.executable, "-m", "hfl.cli", "run",
+                              "--resume", str(out), "--cluster", HEAD, "--certs", str(ca), "--quiet"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed"] is True and _rows(out) == rows[1]
+
+
+def _cloud_of(holder: int, driver: subprocess.Popen, timeout: float = 300) -> tuple[int, list[str]]:
+    """The spread run's cloud process in the namespace (`hfl.cli cloud ... --run-dir DIR`): its PID and argv."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and driver.poll() is None:
+        for pid in cluster_mod.namespace_pids(holder):
+            try:
+                argv = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+            except OSError:
+                continue
+            if "hfl.cli" in argv and "cloud" in argv and "--run-dir" in argv:
+                return pid, argv
+        time.sleep(0.05)
+    raise AssertionError("no cloud process of the spread run")
 
 
 def test_a_run_lost_with_its_node_is_retried_and_the_sweep_finishes(cluster, tmp_path):

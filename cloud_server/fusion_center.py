@@ -96,8 +96,12 @@ class FusionCenter:
         if envelope.tensors:
             raise _refuse(f"{edge} sent tensors: under {self.cfg.run.algorithm} an edge only relays its devices' "
                           "uploads", "bad_tensors")
-        if len(envelope.relayed) != envelope.meta.num_devices:
-            raise _refuse(f"{edge} relays {len(envelope.relayed)} uploads but says num_devices = "
+        if envelope.WhichOneof("payload") == "air":
+            raise _refuse(f"{edge} sent air rows: under {self.cfg.run.algorithm} an edge only relays its devices' "
+                          "uploads", "bad_relay")
+        uploads = envelope.relay.uploads
+        if len(uploads) != envelope.meta.num_devices:
+            raise _refuse(f"{edge} relays {len(uploads)} uploads but says num_devices = "
                           f"{envelope.meta.num_devices}", "bad_relay")
         drawn, _ = self.draw(r)
         members = set(topology.edge_members(self.cfg, topology.edge_index(edge)))
@@ -105,7 +109,7 @@ class FusionCenter:
         acc = np.zeros(self.dim, np.float64)
         total = 0.0
         rows, refused = [], []
-        for raw in envelope.relayed:
+        for raw in uploads:
             try:
                 node, score, y, row = self._one(edge, envelope.meta.run_id, raw, r, plan_len, drawn, members, seen)
             except wire.WireError as exc:

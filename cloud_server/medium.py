@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 
-from hfl.common import metrics, plans, topology, wire
+from hfl.common import batches, metrics, plans, topology, validate, wire
+from hfl.common.channel import lanes
 from hfl.common.channel import medium as medium_fn
 from hfl.common.channel import ota
 from hfl.common.channel import plane as air
@@ -35,7 +36,7 @@ MAX_INTERFERERS_SHOWN = 3000  # interferer devices on the live page's plane (a d
 @dataclass
 class Emission:
     tx: list[str]
-    payloads: np.ndarray  # [len(tx), d]
+    payloads: list[np.ndarray] | None  # one [d] row per transmitter, read in place from its message (stacked once a slot)
     mu: list[float]
     sigma: list[float]
     listen: list[str]
@@ -97,7 +98,7 @@ class Medium:
         self.refusals = refusals  # service_base.Refusals: a transmitter left out is a refusal with its reason
         self.dim = dim
         self.plane = air.plane_for(cfg)
-        ota.medium_threads(cfg.channel.medium_threads)
+        lanes.medium_threads(cfg.channel.medium_threads)
         self.edges = topology.edge_ids(cfg)
         self.slots: dict[tuple[int, int], Slot] = {}
         self.edges_dropped: dict[int, set[str]] = {}  # round -> edges a slot of it closed without
@@ -143,42 +144,33 @@ class Medium:
             raise _refuse(grpc.StatusCode.ALREADY_EXISTS, f"{edge} already emitted in round {round_} phase "
                           f"{meta.step}", "replay")
         members = set(topology.edge_members(self.cfg, topology.edge_index(edge)))
-        scalars = dict(envelope.scalars)
-        if len(scalars) > 4 * len(members) or len(envelope.tensors) > len(members):
-            raise _refuse(grpc.StatusCode.INVALID_ARGUMENT, "more emissions than the cluster has devices", "bad_air")
-        listen, mu, sigma, sums = [], {}, {}, {}
-        for key, value in scalars.items():
-            kind, _, node = key.partition(":")
-            if node not in members or kind not in ("listen", "mu", "sigma"):
-                raise _refuse(grpc.StatusCode.INVALID_ARGUMENT, f"air scalar {key[:80]!r}: expected listen:, mu: or "
-                              f"sigma: and a device of {edge}", "bad_air")
-            if not np.isfinite(value) or (kind == "sigma" and not value > 0):
-                raise _refuse(grpc.StatusCode.INVALID_ARGUMENT, f"air scalar {key} = {value!r}", "bad_air")
-            {"listen": sums, "mu": mu, "sigma": sigma}[kind][node] = float(value)
+        if envelope.scalars:
+            raise _refuse(grpc.StatusCode.INVALID_ARGUMENT, f"an emission carries its rows only, not scalars "
+                          f"({validate.short(next(iter(envelope.scalars)))}, ...)", "bad_air")
+        rows = batches.air_rows(envelope, members, edge)  # one per member at most, each once, finite, sigma > 0
+        sums = {row.node: float(row.model_sum) for row in rows}
         listen = sorted(sums)
         mask_listen, active, _ = self._masks(round_, meta.step, phases)
         for node in listen:
             if not mask_listen[topology.device_index(node)]:
                 raise _refuse(grpc.StatusCode.FAILED_PRECONDITION, f"{node} failed th0 earlier in round {round_}",
                               "air_dropped")
-        tx, rows = [], []
-        for tensor in envelope.tensors:
-            node = tensor.name
-            if node not in sums or node in tx or node not in mu or node not in sigma:
-                raise _refuse(grpc.StatusCode.INVALID_ARGUMENT, f"air payload {node[:80]!r}: not a listed device of "
-                              f"{edge}, repeated, or without mu: and sigma:", "bad_air")
+        out = Emission([], [], [], [], listen, sums)
+        for row in rows:
+            if not row.HasField("tensor"):
+                continue
+            node = row.node
             if not active[topology.device_index(node)]:
                 raise _refuse(grpc.StatusCode.FAILED_PRECONDITION, f"{node} is not active in slot "
                               f"{air.slot_id(round_, meta.step)}", "air_not_active")
-            vec = wire.decode_array(tensor, [self.dim])
+            vec = batches.payload(row.tensor, self.dim)
             if abs(vec.mean(dtype=np.float64)) > NORMALISED_TOL or abs(vec.std(dtype=np.float64) - 1) > NORMALISED_TOL:
                 raise _refuse(grpc.StatusCode.INVALID_ARGUMENT, f"air payload of {node} is not normalised", "bad_air")
-            tx.append(node)
-            rows.append(vec)
-        if set(mu) - set(tx) or set(sigma) - set(tx):
-            raise _refuse(grpc.StatusCode.INVALID_ARGUMENT, "mu:/sigma: for a device that sent no payload", "bad_air")
-        payloads = np.stack(rows) if rows else np.zeros((0, self.dim), np.float32)
-        return Emission(tx, payloads, [mu[n] for n in tx], [sigma[n] for n in tx], listen, sums)
+            out.tx.append(node)
+            out.payloads.append(vec)
+            out.mu.append(float(row.mu))
+            out.sigma.append(float(row.sigma))
+        return out
 
     def _masks(self, round_: int, step: int, phases) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(listeners, active, alive) masks of the plane's devices for an air slot, computed once per slot."""
@@ -250,7 +242,7 @@ class Medium:
         edges = sorted(slot.emissions)
         tx = [n for e in edges for n in slot.emissions[e].tx]
         listen = [n for e in edges for n in slot.emissions[e].listen]
-        payloads = np.concatenate([slot.emissions[e].payloads for e in edges]) if edges else np.zeros((0, self.dim))
+        rows = [v for e in edges for v in slot.emissions[e].payloads]
         mu = [m for e in edges for m in slot.emissions[e].mu]
         sigma = [s for e in edges for s in slot.emissions[e].sigma]
         keep = medium_fn.side_info_accepted(mu, sigma, self.cfg.channel.side_info_bound)
@@ -261,8 +253,10 @@ class Medium:
                 if self.refusals is not None:
                     self.refusals.add("air_side_info", owner[i], f"slot {key}: {tx[i]}'s mu {mu[i]:.6g}, sigma "
                                       f"{sigma[i]:.6g} far outside the slot's others' (channel.side_info_bound)")
-            tx = [n for n, k in zip(tx, keep) if k]
-            payloads, mu, sigma = payloads[keep], list(np.asarray(mu)[keep]), list(np.asarray(sigma)[keep])
+            tx, rows = [n for n, k in zip(tx, keep) if k], [v for v, k in zip(rows, keep) if k]
+            mu, sigma = list(np.asarray(mu)[keep]), list(np.asarray(sigma)[keep])
+        payloads = np.stack(rows) if rows else np.zeros((0, self.dim), np.float32)  # the slot's one copy of its rows
+        del rows
         idx = lambda nodes: np.array([topology.device_index(n) for n in nodes], dtype=np.int64)  # noqa: E731
         psi = self.psi_mean if (self.plane.psi_mode == "empirical" and self.psi_count) else self.plane.psi
         rng = numpy_rng(self.cfg.run.seed, "cloud", 0, round_, step, "medium")

@@ -82,11 +82,7 @@ SCALARS.register("clipped", ScalarSpec(0.0, 1e9, "uploads a trusted edge clipped
 SCALARS.register("samples_processed", ScalarSpec(0.0, 1e12, "samples a device trained on since its previous upload "
                                                              "(emulated compute time; the edge infers it from the plan "
                                                              "when absent)"))
-# over the air (paper 003): a device's payload normalisation (eqs. 12-13) and a fingerprint of its model
-SCALARS.register("air_mu", ScalarSpec(-1e12, 1e12, "mean of the sender's payload before normalisation (air phases)"))
-SCALARS.register("air_sigma", ScalarSpec(1e-30, 1e12, "standard deviation of the sender's payload (air phases)"))
-SCALARS.register("model_sum", ScalarSpec(-1e15, 1e15, "sum of the sender's model weights (air phases: devices hold "
-                                                      "their own estimates)"))
+# over the air (paper 003) a device's mu, sigma and model fingerprint are typed fields of its AirRow (batches.py)
 SCALARS.register("air_dropped", ScalarSpec(0.0, 1e7, "devices that failed the downlink test th0 this round"))
 SCALARS.register("clock_seconds", ScalarSpec(0.0, 1e12, "emulated seconds of the cluster's device phases this round"))
 SCALARS.register("device_joules", ScalarSpec(0.0, 1e15, "emulated energy of the cluster's devices this round"))
@@ -106,6 +102,22 @@ def check_scalars(scalars, sender: str) -> dict[str, float]:
             raise _invalid(f"scalar {name} = {value!r} outside [{spec.lo:g}, {spec.hi:g}]", "bad_scalar")
         out[name] = float(value)
     return out
+
+
+def per_member(entries, node_of, members, sender: str, what: str, reason: str):
+    """(device id, entry) for each of `entries`, a peer's rows of one device each (node_of(entry) its id), refused
+    (INVALID_ARGUMENT, `reason`) past one per device of `members`, for a device not among them, or for one twice."""
+    if len(entries) > len(members):
+        raise _invalid(f"{len(entries)} {what}s from {short(sender)}, which has {len(members)} devices", reason)
+    allowed, seen = set(members), set()
+    for entry in entries:
+        node = node_of(entry)
+        if node not in allowed:
+            raise _invalid(f"{what} for {short(node)}, not a device of {short(sender)}", reason)
+        if node in seen:
+            raise _invalid(f"two {what}s for {node}", reason)
+        seen.add(node)
+        yield node, entry
 
 
 def check_meta(meta, rounds: int, plan_len: int) -> None:

@@ -118,7 +118,6 @@ class AirDevice(DigitalDevice):
         p = self.ports
         phase = task.phases[step]
         group = phase.params.get("group", 0.0) == 1.0
-        scalars = {"model_sum": float(np.sum(w, dtype=np.float64))}
         transmits = air.activity(self.plane, task.phases, task.round, step)[p.index]
         if phase.kind == plans.AIR_GRADIENT_STEP:
             payload, loss = await p.train(minibatch_gradient, w, p.shard, p.cfg.train.batch_size,
@@ -126,15 +125,14 @@ class AirDevice(DigitalDevice):
             losses.append(loss)
         else:
             payload = w
-        if losses:
-            scalars["train_loss"] = float(np.mean(losses))
         meta = pb.Meta(run_id=p.run_id, round=task.round, phase=phase.kind, step=step, sender_id=p.id,
                        num_samples=len(p.shard), num_devices=1, attempt=task.attempt)
-        envelope = pb.Envelope(meta=meta, scalars=scalars)
+        envelope = pb.Envelope(meta=meta, scalars={"train_loss": float(np.mean(losses))} if losses else {})
+        row = envelope.air.rows.add(node=p.id, model_sum=float(np.sum(w, dtype=np.float64)))  # its one row
         if transmits:
             bar, mu, sigma = air.normalise(payload[None, :])
-            envelope.scalars.update(air_mu=float(mu[0]), air_sigma=float(sigma[0]))
-            envelope.tensors.append(wire.encode(bar[0].astype(np.float32), "float32", "air"))
+            row.mu, row.sigma = float(mu[0]), float(sigma[0])
+            wire.CODECS.get("float32").fill(row.tensor, bar[0].astype(np.float32), "air")  # in place: no copy
         reply = await p.exchange(envelope)
         n_active = reply.scalars.get("n_active", 0.0)
         if n_active < 1 or not air.passes_th0(self.plane, task.round, step, [p.index])[0]:

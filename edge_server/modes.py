@@ -11,7 +11,7 @@ from typing import Awaitable, Callable
 import grpc
 import numpy as np
 
-from hfl.common import modes, plans, robust, topology, validate, wire
+from hfl.common import batches, modes, plans, robust, topology, validate, wire
 from hfl.common.pipeline import Link
 from hfl.common.privacy import on_wire
 from hfl.common.quantization import precision
@@ -48,7 +48,6 @@ class EdgePorts:
 class DigitalEdge:
     """Device model deltas (or gradients) in, the cluster's aggregate back to the members and up to the cloud."""
 
-    keep_raw = False     # forward each upload unchanged (relay)
     may_restart = True   # a member lost and back mid-round restarts the cluster's round (a new attempt)
 
     def __init__(self, ports: EdgePorts):
@@ -76,8 +75,12 @@ class DigitalEdge:
                                      topology.device_index(node), ctx.round, meta.step)
         scalars = validate.check_scalars(envelope.scalars, node)
         q = next((t.params["q_measured"] for t in meta.transforms if t.stage == "encode" and "q_measured" in t.params), None)
-        raw = envelope.SerializeToString() if self.keep_raw else b""
-        return Contribution(vec, self.ports.samples[node], scalars, dp, q, raw)
+        return Contribution(vec, self.ports.samples[node], scalars, dp, q)
+
+    def hold(self, contribution: Contribution, envelope: pb.Envelope, received: bytes) -> None:
+        """What the edge keeps of an accepted upload while its barrier waits: its values read in place from
+        `received` (a unary call's request bytes, which gRPC holds until the call returns) rather than a copy."""
+        contribution.vec = wire.view_in(contribution.vec, received)
 
     # ---- a phase's uploads are in ----------------------------------------------------------------
     def combine(self, vectors: list[np.ndarray], weights: list) -> np.ndarray:
@@ -138,12 +141,14 @@ class DigitalEdge:
         """The mode's scalars in the edge's result."""
         return {}
 
+    def result_bytes(self, ctx: ClusterRound, envelope: pb.Envelope) -> bytes:
+        """The edge's result to the cloud as sent (the mode may add its payload to `envelope`)."""
+        return envelope.SerializeToString()
+
 
 class RelayEdge(DigitalEdge):
     """Every member upload is forwarded unchanged to the cloud's fusion, never re-aggregated here (paper 004, digest
     P13); the members get an empty reply."""
-
-    keep_raw = True
 
     def __init__(self, ports: EdgePorts):
         super().__init__(ports)
@@ -157,6 +162,11 @@ class RelayEdge(DigitalEdge):
                                       int(self.groups.device_plan(topology.device_index(node))["bits"]), node)
         return super().validate(ctx, envelope, barrier)
 
+    def hold(self, contribution, envelope, received):
+        # the upload goes to the cloud as the device sent it: its bytes as received, else the parsed envelope's
+        contribution.vec = None  # the cloud's fusion reads it, the edge does not
+        contribution.raw = batches.received_upload(received) or envelope.SerializeToString()
+
     async def settle(self, ctx, barrier, phase, step, cluster_w):
         nodes = sorted(barrier.contributions)
         contributions = [barrier.contributions[n] for n in nodes]
@@ -168,6 +178,9 @@ class RelayEdge(DigitalEdge):
 
     def backhaul(self, ctx, step, delta):
         return [], []
+
+    def result_bytes(self, ctx, envelope):
+        return batches.with_batch(envelope, batches.RELAY, ctx.tally.relayed)
 
 
 class AirEdge(DigitalEdge):
@@ -195,8 +208,8 @@ class AirEdge(DigitalEdge):
             ctx.tally.dropped |= {m for m, fail in zip(members, fails) if fail}
 
     def validate(self, ctx, envelope, barrier):
-        """An air upload: a normalised payload with its (mu, sigma) from a device the channel makes active in the
-        slot, nothing but scalars from one that only listens (paper 003, eq. 15; digest 2.3)."""
+        """An air upload: the sender's one AirRow, with a normalised payload and its (mu, sigma) from a device the
+        channel makes active in the slot, without from one that only listens (paper 003, eq. 15; digest 2.3)."""
         from hfl.common.channel import plane as air
 
         node, meta = envelope.meta.sender_id, envelope.meta
@@ -206,8 +219,12 @@ class AirEdge(DigitalEdge):
                                  f"{node} failed the downlink test th0 earlier in round {meta.round}: it sits out the "
                                  "rest of the round", "air_dropped")
         scalars = validate.check_scalars(envelope.scalars, node)
+        rows = batches.air_rows(envelope, {node}, node, bounded=True)
+        if len(rows) != 1:
+            raise wire.WireError(grpc.StatusCode.INVALID_ARGUMENT, f"{node}'s air upload carries no row of its own",
+                                 "bad_air")
         active = node in barrier.active
-        if not envelope.tensors:
+        if not rows[0].HasField("tensor"):
             if active:
                 raise wire.WireError(grpc.StatusCode.INVALID_ARGUMENT, f"{node} is active in slot {slot} "
                                      "(|f|^2 >= th1): it must transmit its normalised payload", "air_missing_payload")
@@ -215,10 +232,7 @@ class AirEdge(DigitalEdge):
         if not active:
             raise wire.WireError(grpc.StatusCode.FAILED_PRECONDITION, f"{node} is not active in slot {slot} "
                                  "(|f|^2 < th1 to its edge): it may only listen", "air_not_active")
-        if "air_mu" not in scalars or "air_sigma" not in scalars:
-            raise wire.WireError(grpc.StatusCode.INVALID_ARGUMENT, "an air payload needs its air_mu and air_sigma "
-                                 "(payload normalisation, paper 003 eqs. 12-13)", "air_scalars")
-        vec = wire.decode_array(wire.single_tensor(envelope, "air"), [self.dim])
+        vec = wire.decode_array(rows[0].tensor, [self.dim])
         mean = float(vec.sum(dtype=np.float64)) / vec.size
         std = math.sqrt(max(0.0, float(np.dot(vec, vec)) / vec.size - mean * mean))  # a 1e-3 check: float32 dot
         if abs(mean) > 1e-3 or abs(std - 1.0) > 1e-3:
@@ -226,23 +240,22 @@ class AirEdge(DigitalEdge):
                                  f"{mean:.3g}, std {std:.3g}; expected 0 and 1)", "air_not_normalised")
         return Contribution(vec, self.ports.samples[node], scalars)
 
+    def hold(self, contribution, envelope, received):
+        # the row goes to the medium as the device sent it: its bytes as received (the payload read in place from
+        # them), else the parsed row's
+        row, contribution.vec = batches.received_row(received, contribution.vec)
+        contribution.raw = row if row is not None else envelope.air.rows[0].SerializeToString()
+
     async def settle(self, ctx, barrier, phase, step, cluster_w):
-        """Hand the cluster's emissions of an air slot to the medium and give each member what it received; an edge
-        whose members all sat out still takes part, so the medium never waits for it."""
+        """Hand the cluster's emissions of an air slot to the medium (each member's row as it sent it) and give each
+        member what it received; an edge whose members all sat out still takes part, so the medium never waits."""
         nodes = sorted(barrier.contributions)
         meta = pb.Meta(run_id=ctx.run_id, round=ctx.round, phase=phase.kind, step=step, sender_id=self.id,
                        num_devices=len(nodes))
-        emission = pb.Envelope(meta=meta)
-        for n in nodes:
-            c = barrier.contributions[n]
-            emission.scalars[f"listen:{n}"] = c.scalars.get("model_sum", 0.0)
-            if "train_loss" in c.scalars:
-                ctx.tally.losses.append(c.scalars["train_loss"])
-            if c.vec is not None:
-                wire.add_raw(emission, c.vec, "float32", n)
-                emission.scalars[f"mu:{n}"] = c.scalars["air_mu"]
-                emission.scalars[f"sigma:{n}"] = c.scalars["air_sigma"]
-        chunks = list(wire.chunked(emission, self.ports.chunk_bytes))
+        ctx.tally.losses.extend(barrier.contributions[n].scalars["train_loss"] for n in nodes
+                                if "train_loss" in barrier.contributions[n].scalars)
+        emission = batches.with_batch(pb.Envelope(meta=meta), batches.AIR, [barrier.contributions[n].raw for n in nodes])
+        chunks = list(wire.to_chunks(emission, self.ports.chunk_bytes))
         try:
             reply = await self.ports.air_call(chunks, f"air slot of round {ctx.round} phase {step}")
             if not reply:

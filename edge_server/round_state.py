@@ -18,7 +18,7 @@ class Contribution:
     scalars: dict
     dp: list = field(default_factory=list)  # DP events the device recorded on its upload
     q: float | None = None                  # the quantizer error the device measured on its upload, if any
-    raw: bytes = b""                        # relay mode: the device's upload as received, forwarded unchanged
+    raw: bytes | memoryview = b""           # what the edge forwards as received: relay, the device's upload; air, its row
 
 
 @dataclass
@@ -45,7 +45,7 @@ class Tally:
     losses: list[float] = field(default_factory=list)
     q_uplink: list[float] = field(default_factory=list)
     betas: list[float] = field(default_factory=list)
-    relayed: list[bytes] = field(default_factory=list)
+    relayed: list[bytes | memoryview] = field(default_factory=list)  # relay: the uploads going up, as received
     dropped: set[str] = field(default_factory=set)  # members the mode made sit out the rest of the round
 
 

@@ -166,8 +166,8 @@ class EdgeServer(Gate, pbg.EdgeServiceServicer):
             if node is not None:  # an authenticated member's own message: counted against it on the live page
                 self.book.refusal(node)
             await refuse(context, self.refusals, exc)
+        self.mode.hold(contribution, envelope, received)  # values read in place from `received`, bytes to forward
         del envelope  # decoded into the contribution: not held while the rest of the cluster uploads
-        contribution.vec = wire.view_in(contribution.vec, received)
         self.traffic.up += size
         self.book.uploaded(node)
         barrier.contributions[node] = contribution
@@ -272,8 +272,8 @@ class EdgeServer(Gate, pbg.EdgeServiceServicer):
         scalars.update(self.mode.report(ctx, members))
         scalars.update(self.clock.report())
         self.on_submit(task.round, scalars)
-        chunks = wire.chunked(pb.Envelope(meta=meta, tensors=tensors, scalars=scalars, relayed=ctx.tally.relayed,
-                                          members=self.book.report(self.live)), self.chunk_bytes)
+        result = pb.Envelope(meta=meta, tensors=tensors, scalars=scalars, members=self.book.report(self.live))
+        chunks = list(wire.to_chunks(self.mode.result_bytes(ctx, result), self.chunk_bytes))
         await self.link.submit(chunks, task.round)
 
 

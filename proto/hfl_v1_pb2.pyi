@@ -165,7 +165,7 @@ class RoundTask(_message.Message):
     def __init__(self, round: _Optional[int] = ..., phases: _Optional[_Iterable[_Union[Phase, _Mapping]]] = ..., finished: bool = ..., attempt: _Optional[int] = ..., clusters: _Optional[_Mapping[str, ClusterPlan]] = ...) -> None: ...
 
 class Envelope(_message.Message):
-    __slots__ = ("meta", "tensors", "scalars", "task", "relayed", "members")
+    __slots__ = ("meta", "tensors", "scalars", "task", "members", "air", "relay")
     class ScalarsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -177,15 +177,43 @@ class Envelope(_message.Message):
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     SCALARS_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
-    RELAYED_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    AIR_FIELD_NUMBER: _ClassVar[int]
+    RELAY_FIELD_NUMBER: _ClassVar[int]
     meta: Meta
     tensors: _containers.RepeatedCompositeFieldContainer[Tensor]
     scalars: _containers.ScalarMap[str, float]
     task: RoundTask
-    relayed: _containers.RepeatedScalarFieldContainer[bytes]
     members: _containers.RepeatedCompositeFieldContainer[MemberState]
-    def __init__(self, meta: _Optional[_Union[Meta, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., scalars: _Optional[_Mapping[str, float]] = ..., task: _Optional[_Union[RoundTask, _Mapping]] = ..., relayed: _Optional[_Iterable[bytes]] = ..., members: _Optional[_Iterable[_Union[MemberState, _Mapping]]] = ...) -> None: ...
+    air: AirBatch
+    relay: RelayBatch
+    def __init__(self, meta: _Optional[_Union[Meta, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., scalars: _Optional[_Mapping[str, float]] = ..., task: _Optional[_Union[RoundTask, _Mapping]] = ..., members: _Optional[_Iterable[_Union[MemberState, _Mapping]]] = ..., air: _Optional[_Union[AirBatch, _Mapping]] = ..., relay: _Optional[_Union[RelayBatch, _Mapping]] = ...) -> None: ...
+
+class AirRow(_message.Message):
+    __slots__ = ("node", "mu", "sigma", "model_sum", "tensor")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    MU_FIELD_NUMBER: _ClassVar[int]
+    SIGMA_FIELD_NUMBER: _ClassVar[int]
+    MODEL_SUM_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    mu: float
+    sigma: float
+    model_sum: float
+    tensor: Tensor
+    def __init__(self, node: _Optional[str] = ..., mu: _Optional[float] = ..., sigma: _Optional[float] = ..., model_sum: _Optional[float] = ..., tensor: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+
+class AirBatch(_message.Message):
+    __slots__ = ("rows",)
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    rows: _containers.RepeatedCompositeFieldContainer[AirRow]
+    def __init__(self, rows: _Optional[_Iterable[_Union[AirRow, _Mapping]]] = ...) -> None: ...
+
+class RelayBatch(_message.Message):
+    __slots__ = ("uploads",)
+    UPLOADS_FIELD_NUMBER: _ClassVar[int]
+    uploads: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, uploads: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class MemberState(_message.Message):
     __slots__ = ("id", "state", "last_seen_s", "refused", "round_s", "rejoins")

@@ -342,8 +342,9 @@ class CloudServiceServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def Air(self, request_iterator, context):
-        """The wireless medium (paper 003): an edge hands in its cluster's over-the-air emissions for one slot;
-        the reply, sent once every collaborating edge's emissions are in, carries what each listed device receives.
+        """The wireless medium (paper 003): an edge hands in its cluster's over-the-air emissions for one slot
+        (Envelope.air: one AirRow per member taking part); the reply, sent once every collaborating edge's emissions
+        are in, carries what each listed device receives.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

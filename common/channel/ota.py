@@ -15,7 +15,6 @@ from scipy.special import exp1
 from .fading import rayleigh
 from .geometry import Topology
 from .lanes import measure_then_add, standard_normals, triangular_rows
-from .lanes import medium_threads  # noqa: F401  (cloud_server/medium.py sets it as ota.medium_threads)
 from .power import active_mask, inversion_coefficient, inversion_rho
 
 PSI_MODES = ("paper", "corrected", "empirical")

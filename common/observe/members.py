@@ -96,15 +96,8 @@ def check_members(entries, members: list[str], sender: str) -> dict[str, dict]:
     """An edge's member report (repeated MemberState) -> {device id: figures}; WireError (bad_members) when it names
     a device not of `sender`'s cluster, names one twice, holds more entries than members, an unknown state code or a
     number out of bounds."""
-    if len(entries) > len(members):
-        raise _bad(f"{len(entries)} member states from {validate.short(sender)}, which has {len(members)} devices")
-    allowed, out = set(members), {}
-    for entry in entries:
-        node = entry.id
-        if node not in allowed:
-            raise _bad(f"member state for {validate.short(node)}, not a device of {validate.short(sender)}")
-        if node in out:
-            raise _bad(f"two member states for {node}")
+    out = {}
+    for node, entry in validate.per_member(entries, lambda e: e.id, members, sender, "member state", BAD):
         if not 0 <= entry.state < len(STATES):
             raise _bad(f"member {node}: state code {entry.state} (known: 0..{len(STATES) - 1})")
         if entry.refused > MAX_COUNT or entry.rejoins > MAX_COUNT:

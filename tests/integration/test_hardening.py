@@ -178,10 +178,10 @@ def test_finding3_a_relay_device_cannot_announce_a_range_beyond_its_clip(hfl_tes
 def relayed(envelope: pb.Envelope, keep=lambda i, upload: upload) -> pb.Envelope:
     """The edge's Submit with its relayed uploads rewritten by keep(i, upload) (None: left out)."""
     out = copy(envelope)
-    uploads = [keep(i, pb.Envelope.FromString(raw)) for i, raw in enumerate(envelope.relayed)]
+    uploads = [keep(i, pb.Envelope.FromString(raw)) for i, raw in enumerate(envelope.relay.uploads)]
     uploads = [u for u in uploads if u is not None]
-    del out.relayed[:]
-    out.relayed.extend(u.SerializeToString() for u in uploads)
+    del out.relay.uploads[:]
+    out.relay.uploads.extend(u.SerializeToString() for u in uploads)
     out.meta.num_devices = len(uploads)
     return out
 
@@ -218,7 +218,7 @@ def test_finding4_a_relaying_edge_cannot_forge_replay_or_inflate_and_its_drop_is
         if r == 0:
             saved[0] = envelope
             # dev-00002's upload passed off as dev-00003's and the other way round
-            mirrored = relayed(envelope, lambda i, u: as_sender(pb.Envelope.FromString(envelope.relayed[1 - i]),
+            mirrored = relayed(envelope, lambda i, u: as_sender(pb.Envelope.FromString(envelope.relay.uploads[1 - i]),
                                                                 u.meta.sender_id))
             return Act(envelope, [("altered", relayed(envelope, altered)), ("mirrored", mirrored),
                                   ("distortion 0", relayed(envelope, distortion_zero))])
@@ -259,10 +259,11 @@ def test_finding2_forged_air_side_information_is_left_out_whoever_forged_it(hfl_
 
     def device(method, envelope):
         m = envelope.meta
-        if method == "Exchange" and m.round == 0 and "air_sigma" in envelope.scalars and not target:
+        if method == "Exchange" and m.round == 0 and envelope.air.rows and envelope.air.rows[0].HasField("tensor") \
+                and not target:
             target.update(node=m.sender_id, step=m.step)
             out = copy(envelope)
-            out.scalars["air_sigma"] = 1e12
+            out.air.rows[0].sigma = 1e12
             return Act(out)
         return Act(envelope)
 
@@ -270,7 +271,7 @@ def test_finding2_forged_air_side_information_is_left_out_whoever_forged_it(hfl_
         m = envelope.meta
         if method == "Air" and m.round == 0 and m.step == target["step"]:
             out = copy(envelope)
-            out.scalars[f"sigma:{target['node']}"] = 1e30
+            next(r for r in out.air.rows if r.node == target["node"]).sigma = 1e30
             return Act(out)
         return Act(envelope)
 

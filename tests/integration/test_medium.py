@@ -71,14 +71,15 @@ def play(tb, attack: bool) -> dict:
             bar, _, _ = air.normalise(vec[None])
             payload = wire.encode(bar[0].astype(np.float32), "float32", "air")
 
-            def envelope(with_payload=active, **scalars):
-                env = dev.envelope(task.round, step, phase.kind, tensor=payload,
-                                   scalars={"model_sum": 0.0, **scalars})
-                if not with_payload:
-                    del env.tensors[:]
+            def envelope(with_payload=active, tensor=payload, **side):
+                env = dev.envelope(task.round, step, phase.kind)
+                del env.tensors[:]
+                row = env.air.rows.add(node=dev.id, model_sum=0.0, **side)  # the device's one AirRow
+                if with_payload:
+                    row.tensor.CopyFrom(tensor)
                 return env
 
-            good = envelope(air_mu=0.0, air_sigma=1e-3) if active else envelope()
+            good = envelope(mu=0.0, sigma=1e-3) if active else envelope()
 
             def once(key, fn):
                 if attack and key not in statuses:
@@ -86,13 +87,11 @@ def play(tb, attack: bool) -> dict:
 
             if active:
                 once("listen only while active", lambda: dev.exchange(envelope(False)))
-                once("NaN sigma", lambda: dev.exchange(envelope(air_mu=0.0, air_sigma=float("nan"))))
-                loud = dev.envelope(task.round, step, phase.kind, vec=(vec * 5).astype(np.float32),
-                                    scalars={"air_mu": 0.0, "air_sigma": 1e-3})
-                loud.tensors[0].name = "air"
+                once("NaN sigma", lambda: dev.exchange(envelope(mu=0.0, sigma=float("nan"))))
+                loud = envelope(tensor=wire.encode((vec * 5).astype(np.float32), "float32", "air"), mu=0.0, sigma=1e-3)
                 once("not normalised", lambda: dev.exchange(loud))
             else:
-                once("payload while inactive", lambda: dev.exchange(envelope(True, air_mu=0.0, air_sigma=1e-3)))
+                once("payload while inactive", lambda: dev.exchange(envelope(True, mu=0.0, sigma=1e-3)))
             dev.exchange(good)
             once("after the slot closed", lambda: dev.exchange(good))
         after = task.round

@@ -143,13 +143,11 @@ def _emission(cfg, medium, round_, step, edge=0, tweak=None):
                                    sender_id=f"edge-{edge:03d}"))
     rng = np.random.default_rng(step)
     for k in members:
-        node = f"dev-{k:05d}"
-        env.scalars[f"listen:{node}"] = 0.0
+        row = env.air.rows.add(node=f"dev-{k:05d}")
         if active[k]:
             bar, _, _ = air.normalise(rng.normal(size=(1, medium.dim)))
-            env.tensors.append(wire.encode(bar[0].astype(np.float32), "float32", node))
-            env.scalars[f"mu:{node}"] = 0.1
-            env.scalars[f"sigma:{node}"] = 0.5
+            row.tensor.CopyFrom(wire.encode(bar[0].astype(np.float32), "float32", "air"))
+            row.mu, row.sigma = 0.1, 0.5
     if tweak:
         tweak(env, active, members)
     return env, phases
@@ -171,18 +169,20 @@ def test_the_medium_refuses_bad_emissions_and_closed_slots(tmp_path):
 
     def inactive_payload(env, active, members):
         idle = [k for k in members if not active[k]]
-        node = f"dev-{idle[0]:05d}"
-        env.tensors.append(wire.encode(np.zeros(64, np.float32), "float32", node))
-        env.scalars[f"mu:{node}"], env.scalars[f"sigma:{node}"] = 0.0, 1.0
+        row = env.air.rows[members.index(idle[0])]
+        bar, _, _ = air.normalise(np.random.default_rng(0).normal(size=(1, 64)))
+        row.tensor.CopyFrom(wire.encode(bar[0].astype(np.float32), "float32", "air"))
+        row.mu, row.sigma = 0.0, 1.0
 
     def nan_sigma(env, active, members):
-        env.scalars[next(k for k in env.scalars if k.startswith("sigma:"))] = float("nan")
+        next(r for r in env.air.rows if r.HasField("tensor")).sigma = float("nan")
 
     def loud(env, active, members):
-        env.tensors[0].data = (np.frombuffer(env.tensors[0].data, np.float32) * 3).tobytes()
+        tensor = next(r for r in env.air.rows if r.HasField("tensor")).tensor
+        tensor.data = (np.frombuffer(tensor.data, np.float32) * 3).tobytes()
 
     def stranger(env, active, members):
-        env.scalars["listen:dev-00007"] = 0.0  # a device of edge-001
+        env.air.rows.add(node="dev-00007")  # a device of edge-001
 
     step = next(s for s in air.air_steps(phases)
                 if not air.activity(medium.plane, phases, 0, s)[:4].all())  # a slot with an idle device

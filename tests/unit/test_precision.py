@@ -113,7 +113,7 @@ def _uploads(c, dim, nodes, r, drawn):
 def _relay(edge, uploads):
     env = pb.Envelope(meta=pb.Meta(run_id="run-x", round=0, phase="cloud_sync", sender_id=edge,
                                    num_devices=len(uploads)))
-    env.relayed.extend(u.SerializeToString() for u in uploads)
+    env.relay.uploads.extend(u.SerializeToString() for u in uploads)
     return env
 
 
@@ -175,7 +175,7 @@ def test_bad_relays_are_refused(tmp_path):
         "bad_header": _relay(edge, [wrong_bits]),                                   # not the bits of its plan
     }
     bad = _relay(edge, [])
-    bad.relayed.append(b"\x0a\xff\xff")
+    bad.relay.uploads.append(b"\x0a\xff\xff")
     bad.meta.num_devices = 1
     cases["malformed"] = bad
     count = _relay(edge, [uploads[mine[0]]])

@@ -54,8 +54,9 @@ def launch_to_now() -> float:
 
 class RoundDriver:
     def __init__(self, cfg: config_mod.Config, run_dir: pathlib.Path, resume: bool, roster: EdgeRoster, refusals,
-                 traffic, stop: asyncio.Event):
+                 traffic, stop: asyncio.Event, plots: bool = True):
         self.cfg = cfg
+        self.plots = plots  # the end's plots (a sweep draws its own from the metrics)
         self.stop = stop  # set once the edges collected the final task
         self.run_dir = run_dir
         self.resume = resume
@@ -299,6 +300,12 @@ class RoundDriver:
                  "model_parameters": self.dim, "tau_gamma": self.tau_gamma,
                  **self.clock.summary(), **self.mode.describe(rows)}
         summary = self.store.write_summary(self.cfg, rows, facts)
+        if self.plots:
+            self._plot(rows)
+        log.info("finished: final accuracy %s after %d rounds in %.1fs", summary["final_accuracy"], len(rows),
+                 summary["wall_seconds"])
+
+    def _plot(self, rows: list[dict]) -> None:
         title = f"{self.cfg.run.algorithm} on {self.cfg.data.dataset} ({self.cfg.num_devices} devices, " \
                 f"{len(self.roster.edges)} edges)"
         try:
@@ -307,8 +314,6 @@ class RoundDriver:
             self.mode.plots(rows, title)
         except Exception:  # a plot must never cost the results
             log.exception("could not draw the accuracy plot")
-        log.info("finished: final accuracy %s after %d rounds in %.1fs", summary["final_accuracy"], len(rows),
-                 summary["wall_seconds"])
 
 
 def quantizer_errors(results) -> dict:

@@ -30,13 +30,13 @@ log = logging.getLogger("hfl.cloud")
 
 class CloudServer(Gate, pbg.CloudServiceServicer):
     def __init__(self, cfg: config_mod.Config, run_dir: pathlib.Path, server: rpc.Server, admit=None,
-                 resume: bool = False):
+                 resume: bool = False, plots: bool = True):
         self.server = server
         self.admit = admit
         self.roster = EdgeRoster(topology.edge_ids(cfg), cfg.net.rejoin_grace_s, cfg.net.presence_deadline_s)
         self.refusals = Refusals()
         self.stop = asyncio.Event()
-        self.driver = RoundDriver(cfg, run_dir, resume, self.roster, self.refusals, self._traffic, self.stop)
+        self.driver = RoundDriver(cfg, run_dir, resume, self.roster, self.refusals, self._traffic, self.stop, plots)
         self.spec_json = None  # set last in prepare(): until then every RPC answers UNAVAILABLE
         self.chunk_bytes = cfg.net.chunk_kib * 1024
         self.max_bytes = cfg.net.max_message_mb << 20
@@ -190,14 +190,14 @@ class CloudServer(Gate, pbg.CloudServiceServicer):
 
 
 async def serve(cfg: config_mod.Config, listen: str, run_dir: str, port_file: str | None = None, server_credentials=None,
-                admit=None, resume: bool = False, force: bool = False, web_tls=None) -> int:
+                admit=None, resume: bool = False, force: bool = False, web_tls=None, plots: bool = True) -> int:
     out = pathlib.Path(run_dir)
     out.mkdir(parents=True, exist_ok=True)
     check_run_dir(out, resume, force)
     if not resume:
         (out / "config.toml").write_text(config_mod.to_toml(cfg))
     server = rpc.Server(listen, rpc.MAX_CHUNK, server_credentials)
-    cloud = CloudServer(cfg, out, server, admit, resume)
+    cloud = CloudServer(cfg, out, server, admit, resume, plots)
     rpc.add_servicer(pbg.add_CloudServiceServicer_to_server, cloud, server.server, cloud.malformed)
     await server.start(port_file)
     log.info("cloud listening on %s", server.address)

@@ -82,7 +82,7 @@ def cmd_cloud(args) -> int:
     cfg = config_mod.load(config, args.overrides)
     tls = _tls(args, "cloud")
     return _run_async(lambda: serve(cfg, args.listen, args.run_dir, args.port_file, resume=args.resume, force=args.force,
-                                    web_tls=tls, **tls.server_kwargs()))
+                                    web_tls=tls, plots=not args.no_plots, **tls.server_kwargs()))
 
 
 def cmd_edge(args) -> int:
@@ -335,6 +335,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its checkpoint (same run id); "
                                                          "edges and devices reconnect on their own")
     p.add_argument("--force", action="store_true", help="start over in a run directory that already holds a run")
+    p.add_argument("--no-plots", action="store_true", help="draw no accuracy.png, data.png or mode plots at the end "
+                   "(metrics and summary as always; `hfl plot RUN_DIR` draws them later); sweeps start clouds so")
     _add_tls_args(p)
     p.set_defaults(func=cmd_cloud)
 

@@ -29,7 +29,7 @@ DEFAULT = "fork"
 PRELOAD = ["torch", "numpy", "grpc", "asyncio", "importlib.metadata", "hfl.cli", "hfl.families", "hfl.testbed",
            "hfl.audit_cli", "hfl.attack_cli", "hfl.plan_cli", "hfl.common.tls", "hfl.common.plugins",
            "hfl.cloud_server.service", "hfl.cloud_server.controller", "hfl.edge_server.service",
-           "hfl.device_client.host", "hfl.forkserver_freeze"]
+           "hfl.device_client.host", "hfl.plot_backend", "hfl.forkserver_freeze"]
 
 
 def spawn_exec(argv: list[str], log_path, env: dict) -> subprocess.Popen:

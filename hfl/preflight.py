@@ -35,13 +35,15 @@ def check_train_device(cfg: Config, call: Callable = call_here) -> None:
 
     if cfg.train.device == "cuda" and _devices_here.get() and not call(cuda_devices):
         raise ConfigError(no_cuda())
+_models: dict[str, tuple] = {}  # (data, model, plugins) -> the forward pass's (output shape, parameters)
 
 
 def preflight(cfg: Config, call: Callable = call_here) -> dict:
     """Load the dataset (through the shared cache), partition it as the cloud will, and run one forward pass of
     the model on two training samples (through `call`: node_spawn.call_forked runs it in a fork of the forkserver,
-    so that the launcher does not import torch). Remembered per (data, model, topology, seed), so a sweep pays once.
-    Returns what it learned: num_classes, train_samples, input_shape, parameters."""
+    so that the launcher does not import torch). Remembered per (data, model, topology, seed), the forward pass per
+    (data, model), so a sweep pays it once. Returns what it learned: num_classes, train_samples, input_shape,
+    parameters."""
     import json
 
     from hfl.common.config import to_dict
@@ -72,18 +74,10 @@ def preflight(cfg: Config, call: Callable = call_here) -> dict:
         partition(data.y_train, cfg.num_devices, numpy_rng(cfg.run.seed, "data", "partition"), cfg.data, **extra)
     except ValueError as exc:
         raise ConfigError(f"data.partition = {cfg.data.partition!r} with {cfg.num_devices} devices: {exc}") from None
-    import sys
-
-    import numpy as np
-
-    try:
-        shape, parameters = call(model_outputs, cfg.model.name, tuple(data.input_shape), data.num_classes,
-                                 np.asarray(data.x_train[:2], dtype=np.float32), list(cfg.run.plugins), list(sys.path))
-    except CallFailed:
-        raise
-    except Exception as exc:  # any shape mismatch or a plugin model's own error
-        raise ConfigError(f"model.name = {cfg.model.name!r} does not run on {cfg.data.dataset} (input shape "
-                          f"{tuple(data.input_shape)}, {data.num_classes} classes): {exc.__class__.__name__}: {exc}") from None
+    model_key = json.dumps([d["data"], d["model"], d["run"]["plugins"]], sort_keys=True)
+    if model_key not in _models:
+        _models[model_key] = _forward(cfg, data, call)
+    shape, parameters = _models[model_key]
     if shape != (2, data.num_classes):
         raise ConfigError(f"model.name = {cfg.model.name!r} gives outputs of shape {shape[1:]} per sample; "
                           f"{cfg.data.dataset} has {data.num_classes} classes")
@@ -94,6 +88,22 @@ def preflight(cfg: Config, call: Callable = call_here) -> dict:
     check_model_deadline(cfg, _checked[key])
     check_air_messages(cfg, _checked[key]["parameters"])
     return _checked[key]
+
+
+def _forward(cfg: Config, data, call: Callable) -> tuple:
+    """(output shape, parameter count) of the model on two training samples, through `call`."""
+    import sys
+
+    import numpy as np
+
+    try:
+        return call(model_outputs, cfg.model.name, tuple(data.input_shape), data.num_classes,
+                    np.asarray(data.x_train[:2], dtype=np.float32), list(cfg.run.plugins), list(sys.path))
+    except CallFailed:
+        raise
+    except Exception as exc:  # any shape mismatch or a plugin model's own error
+        raise ConfigError(f"model.name = {cfg.model.name!r} does not run on {cfg.data.dataset} (input shape "
+                          f"{tuple(data.input_shape)}, {data.num_classes} classes): {exc.__class__.__name__}: {exc}") from None
 
 
 def model_outputs(name: str, input_shape: tuple[int, ...], num_classes: int, x, plugins: Sequence[str] = (),

@@ -53,7 +53,8 @@ def run_testbed(run, on_round=None, timeout: float = 24 * 3600, active: dict | N
     from hfl.testbed import Testbed
 
     started_before = run.run_dir.exists() and any(run.run_dir.iterdir())
-    bed = Testbed(run.config, run_dir=run.run_dir, force=started_before)
+    # no per-run plots: the sweep draws its own from every run's metrics (`hfl plot RUN_DIR` draws a run's)
+    bed = Testbed(run.config, run_dir=run.run_dir, force=started_before, plots=False)
     if active is not None:
         active[id(bed)] = bed
     try:

@@ -176,6 +176,7 @@ class Testbed:
     tolerate_failures: bool = False         # a dead edge or device host is recorded, not fatal (the cloud's death is)
     via: dict = field(default_factory=dict)  # node name -> address it dials instead of its upstream (a test's proxy)
     spawn: str | None = None                # how nodes start (hfl/node_spawn.py): exec | fork; None: $HFL_SPAWN or fork
+    plots: bool = True                      # the cloud draws accuracy.png, data.png and its mode's plots at the end
     nodes: dict[str, Node] = field(default_factory=dict, init=False)
     edge_address: dict[str, str] = field(default_factory=dict, init=False)  # edge id -> address, once listening
     host_ranges: dict[str, tuple[int, int]] = field(default_factory=dict, init=False)  # device host -> its devices
@@ -311,7 +312,7 @@ class Testbed:
         try:
             cloud = self._spawn("cloud", ["cloud", str(config_path), "--listen", "127.0.0.1:0", "--run-dir", str(self.run_dir),
                                           "--port-file", str(self.ports / "cloud")]
-                                + (["--resume"] if self.resume else []))
+                                + (["--resume"] if self.resume else []) + ([] if self.plots else ["--no-plots"]))
             cloud_address = self._wait_port(cloud, deadline)
             groups = topology.edge_groups(self.cfg)
             edges = []  # (edge id, its process's node)

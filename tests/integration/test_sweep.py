@@ -35,6 +35,7 @@ def test_smoke_sweep_tabulates_plots_and_resumes(tmp_path):
         assert (out / name).read_bytes()[:4] == b"\x89PNG"
     summaries = {p: p.stat().st_mtime_ns for p in out.glob("*/seed-*/summary.json")}
     assert len(summaries) == 4
+    assert not list(out.glob("*/seed-*/accuracy.png"))  # no per-run plots in a sweep: the sweep draws its own
 
     redo = out / "qhetfed" / "seed-1" / "summary.json"  # as if the sweep had stopped during this run
     redo.unlink()

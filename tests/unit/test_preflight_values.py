@@ -37,3 +37,27 @@ def test_a_stages_bad_parameter_fails_before_launch():
         check_stages(bad)
     check_stages(config_mod.load(None, [f'run.plugins=["{plugin}"]', "pipeline.clip=clip_linf",
                                         "pipeline.params.clip_linf.bound=2"]))
+
+
+def test_a_sweeps_runs_pay_the_model_check_once_and_the_partition_check_each():
+    """The forward pass is remembered per (data, model, plugins): runs of other seeds or topologies reuse it, while
+    each seed's partition is still checked (a seed whose partition fails is refused)."""
+    from hfl import preflight as pf
+    from hfl.node_spawn import call_here
+
+    calls = []
+
+    def counting(fn, *args):
+        calls.append(fn.__name__)
+        return call_here(fn, *args)
+
+    pf._checked.clear(), pf._models.clear()
+    base = ["data.dataset=synthetic", "data.synthetic_samples=400", "model.name=linear"]
+    infos = [pf.preflight(config_mod.load(None, base + [f"run.seed={s}"]), counting) for s in range(3)]
+    pf.preflight(config_mod.load(None, base + ["topology.edges=4"]), counting)
+    assert calls == ["model_outputs"] and infos[0] == infos[2]
+    pf.preflight(config_mod.load(None, base[:2] + ["model.name=mlp"]), counting)
+    assert calls == ["model_outputs", "model_outputs"]  # another model: checked again
+    with pytest.raises(config_mod.ConfigError, match="data.partition"):
+        pf.preflight(config_mod.load(None, base + ["run.seed=7", "data.partition=classes", "data.classes_per_device=11"]),
+                     counting)

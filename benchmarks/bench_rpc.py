@@ -8,8 +8,9 @@ decode the model; the edge side reassembles, parses and decodes the upload (refu
 and streams back a reply built once per barrier (as the edge does). Client and server are separate
 processes; the CPU of both is summed (user + system, from /proc) and divided by the exchanges.
 
-`current` is what a device does now (wire.exchange: one unary ExchangeOne call when the upload fits one chunk,
-as here); `streaming` is the same code on the Exchange stream call (what every exchange was before issue 25);
+`session` is what a device does now (common/session_stream.py: each exchange framed on one EdgeService.Session
+stream held open for the session); `unary` is one ExchangeOne call per exchange (what a device did before the
+session stream, wire.exchange, when the upload fits one chunk, as here); `streaming` is the same code on the Exchange stream call (what every exchange was before issue 25);
 `copying` is the stream call with the chunking, reassembly and decoding of before issue 12 (an extra copy per chunk,
 per envelope and per tensor), in the same run. The edge side answers both calls as EdgeServer does.
 --profile prints cProfile's top functions of the client side.
@@ -102,6 +103,17 @@ def serve(port_q, cmd_q, mode: str, dim: int, chunk_bytes: int) -> None:
             wire.view_in(vec, request)
             return wire.whole_bytes(reply)
 
+        @rpc.raw_bytes
+        async def Session(self, request_iterator, context):  # as EdgeServer: each upload read in place, framed reply
+            from hfl.common import session_stream
+
+            async for upload in session_stream.uploads(request_iterator, 64 << 20):
+                envelope, _ = await upload.read()
+                vec = wire.decode_vector(wire.single_tensor(envelope, "delta"), dim)
+                del envelope
+                wire.view_in(vec, upload.received)
+                yield session_stream.reply(wire.whole_bytes(reply))
+
         async def malformed(self, context):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed")
 
@@ -139,13 +151,18 @@ async def client_exchanges(mode: str, port: int, n: int, dim: int, chunk_bytes: 
     chan = rpc.channel(f"127.0.0.1:{port}", chunk_bytes)
     stub = wire.edge_stub(chan)
     delta = np.random.default_rng(0).normal(size=dim).astype(np.float32)
+    from hfl.common.session_stream import SessionStream
+
+    stream = SessionStream()
 
     async def one(i: int) -> None:
         tensor, transforms = uplink.send(delta, "delta", 0, 1, i, 0)
         meta = pb.Meta(run_id="bench", round=i, phase="edge_model_sync", step=0, sender_id="dev-00001",
                        num_samples=100, transforms=transforms, num_devices=1)
         envelope = pb.Envelope(meta=meta, tensors=[tensor], scalars={"train_loss": 0.5})
-        if mode == "current":
+        if mode == "session":
+            reply = await stream.exchange(stub, wire.chunked(envelope, chunk_bytes), 64 << 20, (), "token")
+        elif mode == "unary":
             reply = await wire.exchange(stub, envelope, chunk_bytes, 64 << 20)
         else:
             reply, _ = await wire.read_envelope(stub.Exchange(iter(wire.chunked(envelope, chunk_bytes))), 64 << 20)
@@ -164,6 +181,7 @@ async def client_exchanges(mode: str, port: int, n: int, dim: int, chunk_bytes: 
     if profile:
         profile.disable()
     s1 = server_cpu()
+    stream.close()
     await chan.close()
     return cpu, s1 - s0, wall
 
@@ -197,33 +215,32 @@ def main() -> int:
     ap.add_argument("--exchanges", type=int, default=300)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--chunk-kib", type=int, default=1024)
-    ap.add_argument("--profile", action="store_true", help="cProfile the client side of one `current` run")
+    ap.add_argument("--profile", action="store_true", help="cProfile the client side of one `session` run")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
     chunk = args.chunk_kib * 1024
     if args.profile:
-        print(json.dumps(measure("current", args.params, args.exchanges, chunk, profile=True)))
+        print(json.dumps(measure("session", args.params, args.exchanges, chunk, profile=True)))
         return 0
-    runs = {"current": [], "streaming": [], "copying": []}
+    runs = {"session": [], "unary": [], "streaming": [], "copying": []}
     for r in range(args.repeats):  # alternate, so that all see the same machine load
-        for mode in ("copying", "streaming", "current"):
+        for mode in ("copying", "streaming", "unary", "session"):
             runs[mode].append(measure(mode, args.params, args.exchanges, chunk))
             print(json.dumps(runs[mode][-1]), flush=True)
     report = {m: {k: statistics.median(x[k] for x in rs) for k in ("client_ms", "server_ms", "total_ms", "wall_ms")}
               for m, rs in runs.items()}
     report["payload_bytes"] = 4 * args.params
-    report["ratio_total"] = report["current"]["total_ms"] / report["copying"]["total_ms"]
-    report["ratio_streaming"] = statistics.median(c["total_ms"] / s["total_ms"]
-                                                  for c, s in zip(runs["current"], runs["streaming"]))
+    report["ratio_total"] = report["session"]["total_ms"] / report["copying"]["total_ms"]
+    report["ratio_unary"] = statistics.median(c["total_ms"] / s["total_ms"] for c, s in zip(runs["session"], runs["unary"]))
     load = os.getloadavg()
     print(f"per exchange of {4 * args.params / 1000:.0f} KB up + {4 * args.params / 1000:.0f} KB down, CPU of both ends "
           f"(median of {args.repeats}): copying {report['copying']['total_ms']:.2f} ms "
           f"(device {report['copying']['client_ms']:.2f}, edge {report['copying']['server_ms']:.2f}), "
-          f"current {report['current']['total_ms']:.2f} ms (device {report['current']['client_ms']:.2f}, "
-          f"edge {report['current']['server_ms']:.2f}); ratio {report['ratio_total']:.2f}; streaming "
-          f"{report['streaming']['total_ms']:.2f} ms (device {report['streaming']['client_ms']:.2f}, edge "
-          f"{report['streaming']['server_ms']:.2f}), current / streaming {report['ratio_streaming']:.2f} (median of the "
-          f"repeats' ratios); load average at the end {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
+          f"session {report['session']['total_ms']:.2f} ms (device {report['session']['client_ms']:.2f}, "
+          f"edge {report['session']['server_ms']:.2f}); ratio {report['ratio_total']:.2f}; unary "
+          f"{report['unary']['total_ms']:.2f} ms (device {report['unary']['client_ms']:.2f}, edge "
+          f"{report['unary']['server_ms']:.2f}), session / unary {report['ratio_unary']:.2f} (median of the "
+          f"repeats' ratios); streaming {report['streaming']['total_ms']:.2f} ms; load average at the end {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"runs": runs, **report}, f, indent=2)

@@ -158,7 +158,8 @@ def add_servicer(add_fn, servicer, server: grpc.aio.Server, on_malformed) -> Non
         guarded = {}
         for name, h in handlers.items():
             if h.request_streaming:
-                guarded[name] = h
+                raw = getattr(h.stream_stream, "raw_bytes", False)  # frames as received (EdgeService.Session)
+                guarded[name] = h._replace(request_deserializer=None, response_serializer=None) if raw else h
                 continue
             if getattr(h.unary_unary, "raw_bytes", False):
                 guarded[name] = h._replace(request_deserializer=None, response_serializer=None)

@@ -180,9 +180,9 @@ def _varint(buf: bytes, i: int) -> tuple[int, int]:
         shift += 7
 
 
-def _fields(buf: bytes, start: int, end: int) -> Iterator[tuple[int, int, int]]:
-    """(field number, start, end) of each length-delimited field in buf[start:end] (protobuf's wire format); the
-    other wire types are skipped."""
+def _keys(buf: bytes, start: int, end: int) -> Iterator[tuple[int, int, int, int]]:
+    """(field number, wire type, a, b) of each field in buf[start:end] (protobuf's wire format): a length-delimited
+    field's start and end, a varint's value and 0; fixed-width fields are skipped."""
     i = start
     while i < end:
         key, i = _varint(buf, i)
@@ -191,16 +191,22 @@ def _fields(buf: bytes, start: int, end: int) -> Iterator[tuple[int, int, int]]:
             n, i = _varint(buf, i)
             if i + n > end:
                 raise ValueError("a field runs past the end")
-            yield key >> 3, i, i + n
+            yield key >> 3, kind, i, i + n
             i += n
         elif kind == 0:
-            i = _varint(buf, i)[1]
+            value, i = _varint(buf, i)
+            yield key >> 3, kind, value, 0
         elif kind in (1, 5):
             i += 8 if kind == 1 else 4
         else:
             raise ValueError(f"wire type {kind}")
     if i > end:
         raise ValueError("a field runs past the end")
+
+
+def _fields(buf: bytes, start: int, end: int) -> Iterator[tuple[int, int, int]]:
+    """(field number, start, end) of each length-delimited field in buf[start:end]."""
+    return ((number, a, b) for number, kind, a, b in _keys(buf, start, end) if kind == 2)
 
 
 def _envelope_span(raw: bytes) -> tuple[int, int]:
@@ -283,6 +289,7 @@ def edge_stub(channel):
 
     stub = pbg.EdgeServiceStub(channel)
     stub.ExchangeOne = channel.unary_unary("/hfl.v1.EdgeService/ExchangeOne", _registered_method=True)
+    stub.Session = channel.stream_stream("/hfl.v1.EdgeService/Session", _registered_method=True)  # bytes both ways
     return stub
 
 

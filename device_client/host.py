@@ -13,6 +13,7 @@ import torch
 
 from hfl.common import config as config_mod
 from hfl.common import host_credentials, modes, relay_tag, rpc, session, topology, wire
+from hfl.common.session_stream import SessionStream
 from hfl.common.data import dataset_digest
 from hfl.common.models import build, num_parameters
 from hfl.common.pipeline import Link
@@ -47,6 +48,7 @@ class Device:
         self.shard = shard
         self.trainer = trainer
         self.link = link
+        self.stream = SessionStream()  # its exchanges, on one stream per session with its edge
         self.uplink = Link.device_uplink(cfg)
         self.downlink = Link.from_config(cfg.pipeline, "downlink")
         self.rounds_done = 0
@@ -81,9 +83,9 @@ class Device:
         return await self.send(wire.chunked(envelope, self.chunk_bytes))
 
     async def send(self, chunks: list[pb.Chunk]) -> pb.Envelope:
-        """One upload, its reply back (wire.exchange_chunks): the chunks leave the list as they are sent, so the
+        """One upload, its reply back, on the session's stream: the chunks leave the list as they are sent, so the
         upload's bytes are not held while the edge waits for the rest of its cluster."""
-        return await wire.exchange_chunks(self.link.stub, chunks, self.max_bytes, self.link.metadata)
+        return await self.stream.exchange(self.link.stub, chunks, self.max_bytes, self.link.metadata, self.link.token)
 
     def upload(self, task: pb.RoundTask, step: int, name: str, vec: np.ndarray, scalars: dict, dp=(),
                 encode: dict | None = None) -> list[pb.Chunk]:

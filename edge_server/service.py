@@ -10,7 +10,7 @@ import time
 import grpc
 import numpy as np
 
-from hfl.common import modes, rpc, session, topology, validate, wire
+from hfl.common import modes, rpc, session, session_stream, topology, validate, wire
 from hfl.common.channel.round_clock import EdgeClock
 from hfl.common.observe import live, members as member_states
 from hfl.common.privacy import instructions
@@ -144,6 +144,22 @@ class EdgeServer(Gate, pbg.EdgeServiceServicer):
         chunks, size = await self._exchange(read, context, request)
         self.bytes_down += size
         return wire.whole_bytes(chunks)
+
+    @rpc.raw_bytes
+    async def Session(self, request_iterator, context):
+        """The member's exchanges on one stream (common/session_stream.py): each upload gets _exchange's checks, its
+        session token included; a refusal ends the stream with its status."""
+        uploads = session_stream.uploads(request_iterator, self.max_bytes)
+        while True:
+            try:
+                upload = await anext(uploads, None)
+            except wire.WireError as exc:
+                await refuse(context, self.refusals, exc)
+            if upload is None:
+                return
+            chunks, size = await self._exchange(upload.read, context, upload.received)
+            self.bytes_down += size
+            yield session_stream.reply(wire.whole_bytes(chunks))
 
     async def _exchange(self, read, context, received: bytes = b"") -> tuple[list[pb.Chunk], int]:
         """One upload (`read()` awaits its envelope and size) and, once its barrier is released, the reply's chunks.

@@ -55,6 +55,11 @@ class EdgeServiceStub(object):
                 request_serializer=hfl_dot_proto_dot_hfl__v1__pb2.Chunk.SerializeToString,
                 response_deserializer=hfl_dot_proto_dot_hfl__v1__pb2.Chunk.FromString,
                 _registered_method=True)
+        self.Session = channel.stream_stream(
+                '/hfl.v1.EdgeService/Session',
+                request_serializer=hfl_dot_proto_dot_hfl__v1__pb2.Chunk.SerializeToString,
+                response_deserializer=hfl_dot_proto_dot_hfl__v1__pb2.Chunk.FromString,
+                _registered_method=True)
         self.Presence = channel.unary_stream(
                 '/hfl.v1.EdgeService/Presence',
                 request_serializer=hfl_dot_proto_dot_hfl__v1__pb2.PresenceRequest.SerializeToString,
@@ -94,6 +99,17 @@ class EdgeServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Session(self, request_iterator, context):
+        """A device's exchanges on one stream held open for its session: each upload a framed envelope (its Chunks, the
+        last marked `end`), each answered by the same reply ExchangeOne gives (one Chunk, `end` set) once its barrier is
+        released. Every upload gets ExchangeOne's checks (the session token of the stream's metadata checked against the
+        live session each time); a refusal ends the stream with its status, and the device opens a new one. The stream
+        saves gRPC's per-call cost (~2/3 of a unary call's CPU at both ends).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Presence(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -120,6 +136,11 @@ def add_EdgeServiceServicer_to_server(servicer, server):
             ),
             'ExchangeOne': grpc.unary_unary_rpc_method_handler(
                     servicer.ExchangeOne,
+                    request_deserializer=hfl_dot_proto_dot_hfl__v1__pb2.Chunk.FromString,
+                    response_serializer=hfl_dot_proto_dot_hfl__v1__pb2.Chunk.SerializeToString,
+            ),
+            'Session': grpc.stream_stream_rpc_method_handler(
+                    servicer.Session,
                     request_deserializer=hfl_dot_proto_dot_hfl__v1__pb2.Chunk.FromString,
                     response_serializer=hfl_dot_proto_dot_hfl__v1__pb2.Chunk.SerializeToString,
             ),
@@ -236,6 +257,33 @@ class EdgeService(object):
             request,
             target,
             '/hfl.v1.EdgeService/ExchangeOne',
+            hfl_dot_proto_dot_hfl__v1__pb2.Chunk.SerializeToString,
+            hfl_dot_proto_dot_hfl__v1__pb2.Chunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Session(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/hfl.v1.EdgeService/Session',
             hfl_dot_proto_dot_hfl__v1__pb2.Chunk.SerializeToString,
             hfl_dot_proto_dot_hfl__v1__pb2.Chunk.FromString,
             options,

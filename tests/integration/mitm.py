@@ -8,7 +8,7 @@ valid session; the honest traffic it still forwards lets a run end as a clean ru
     proxy.upstream = tb.cloud_address   # calls wait for it
     ...
     proxy.sent                          # [(label, status code name, details)] of every hostile message
-    proxy.calls                         # Counter of the node's calls by method name
+    proxy.calls                         # Counter of the node's calls by method name ("Session upload": per upload)
     proxy.replies                       # [(method, reply bytes, delivered)] of the node's unary calls (Register, ...)
 
 An Act says what the compromised node sends instead of the one upload: `hostile` envelopes first (each in a call of
@@ -30,16 +30,17 @@ from typing import Callable
 
 import grpc
 
-from hfl.common import rpc, wire
+from hfl.common import rpc, session_stream, wire
 from hfl.proto import hfl_v1_pb2 as pb
 
 # the nodes' own message limits and keepalive pings (a server that refuses them sends GOAWAY: a lost session)
 _SERVER = rpc.message_options(rpc.MAX_CHUNK) + rpc.keepalive_options(server=True)
 _CLIENT = rpc.message_options(rpc.MAX_CHUNK) + rpc.keepalive_options(server=False)
 # every method the edges and clouds serve, by its request / reply cardinality (_ONE: an upload in one unary call)
-_UNARY, _SERVER_STREAM, _CLIENT_STREAM, _BIDI, _ONE = "uu", "us", "su", "ss", "one"
+_UNARY, _SERVER_STREAM, _CLIENT_STREAM, _BIDI, _ONE, _SESSION = "uu", "us", "su", "ss", "one", "session"
 KINDS = {"Register": _UNARY, "Check": _UNARY, "FetchRound": _SERVER_STREAM, "Presence": _SERVER_STREAM,
-         "Watch": _SERVER_STREAM, "Submit": _CLIENT_STREAM, "Exchange": _BIDI, "Air": _BIDI, "ExchangeOne": _ONE}
+         "Watch": _SERVER_STREAM, "Submit": _CLIENT_STREAM, "Exchange": _BIDI, "Air": _BIDI, "ExchangeOne": _ONE,
+         "Session": _SESSION}
 UPLOADS = {"ExchangeOne": "Exchange"}  # what `tamper` is told: ExchangeOne is Exchange for a one-chunk upload
 
 
@@ -138,7 +139,25 @@ class _Handler(grpc.GenericRpcHandler):
         if kind == _ONE:
             return grpc.unary_unary_rpc_method_handler(
                 lambda req, ctx: self._upload(method, UPLOADS[name], iter([req]), ctx, kind))
+        if kind == _SESSION:
+            return grpc.stream_stream_rpc_method_handler(lambda it, ctx: self._session(it, ctx))
         return None
+
+    def _session(self, frames, context):
+        """A device's Session stream: each framed upload goes through `tamper` as an Exchange and on upstream as an
+        ExchangeOne call of its own (the edge's checks are the same), its reply framed back; a refusal ends the
+        stream with its status, as the edge's own would."""
+        parts = []
+        for raw in frames:
+            chunk = pb.Chunk.FromString(raw)
+            parts.append(chunk.data)
+            if not chunk.end:
+                continue
+            self.proxy.calls["Session upload"] += 1
+            one_chunk = pb.Chunk(data=b"".join(parts)).SerializeToString()
+            parts = []
+            yield self._upload("/hfl.v1.EdgeService/ExchangeOne", "Exchange", iter([one_chunk]), context, _ONE) \
+                + session_stream.END
 
     def _unary(self, method, name, request, context):
         channel = self.proxy.wait_upstream()

@@ -142,6 +142,15 @@ def corpus(tb, a: RawDevice, b: RawDevice, round_: int, step: int, kind: str, go
         return wire.read_chunk(b.stub.ExchangeOne(pb.Chunk(data=data), metadata=metadata or b.metadata, timeout=10),
                                MIB)[0]
 
+    def XS(payload, metadata=None):
+        """The same upload framed on a Session stream (what a device sends now), in frames of at most 1 MiB."""
+        data = payload if isinstance(payload, bytes) else payload.SerializeToString()
+        parts = [data[i:i + MIB] for i in range(0, len(data), MIB)] or [b""]
+        frames = [pb.Chunk(data=p, end=i == len(parts) - 1).SerializeToString() for i, p in enumerate(parts)]
+        call = b.channel.stream_stream("/hfl.v1.EdgeService/Session")(iter(frames), metadata=metadata or b.metadata,
+                                                                      timeout=10)
+        return wire.read_raw_chunk(next(call), MIB)[0]
+
     channel = b.channel
 
     # -- malformed bytes, truncated and empty streams ------------------------------------------------------
@@ -178,6 +187,16 @@ def corpus(tb, a: RawDevice, b: RawDevice, round_: int, step: int, kind: str, go
     case("one: malformed envelope", S.INVALID_ARGUMENT, lambda: X1(b"\xff\xff\xff\xff\x0f"))
     case("one: truncated envelope", S.INVALID_ARGUMENT, lambda: X1(payload[:-1]))
     case("one: oversized payload (2 MiB)", S.RESOURCE_EXHAUSTED, lambda: X1(b"\x00" * (2 * MIB)))
+
+    # -- and for an upload framed on a device's Session stream ----------------------------------------------
+    case("session: frame that is not a Chunk", S.INVALID_ARGUMENT, lambda: next(channel.stream_stream(
+        "/hfl.v1.EdgeService/Session")(iter([b"\xff\xff\xff"]), metadata=b.metadata, timeout=10)))
+    case("session: malformed envelope", S.INVALID_ARGUMENT, lambda: XS(b"\xff\xff\xff\xff\x0f"))
+    case("session: truncated envelope", S.INVALID_ARGUMENT, lambda: XS(payload[:-1]))
+    case("session: oversized payload (2 MiB in 1 MiB frames)", S.RESOURCE_EXHAUSTED, lambda: XS(b"\x00" * (2 * MIB)))
+    case("session: no token", S.PERMISSION_DENIED, lambda: XS(env(), metadata=(("x", "y"),)))
+    case("session: a's upload with b's token", S.PERMISSION_DENIED, lambda: XS(env(sender="dev-00004")))
+    case("session: b's upload with a's token", S.PERMISSION_DENIED, lambda: XS(env(), metadata=a.metadata))
 
     # -- impersonation ------------------------------------------------------------------------------------
     case("no token", S.PERMISSION_DENIED, lambda: X(env(), metadata=(("x", "y"),)))

@@ -72,6 +72,22 @@ async def uploads(frames: AsyncIterator[bytes], max_bytes: int) -> AsyncIterator
             parts, size = [], 0
 
 
+async def serve(frames: AsyncIterator[bytes], max_bytes: int, exchange, context, refuse) -> AsyncIterator[bytes]:
+    """An edge's end of a Session stream: `await exchange(upload, context)` (the one-chunk reply's bytes) for each
+    upload, framed back; `await refuse(exc)` (which ends the call) for a frame that does not parse or an upload over
+    `max_bytes`."""
+    stream = uploads(frames, max_bytes)
+    while True:
+        try:
+            upload = await anext(stream, None)
+        except wire.WireError as exc:
+            await refuse(exc)
+            return
+        if upload is None:
+            return
+        yield reply(await exchange(upload, context))
+
+
 def reply(whole: bytes) -> bytes:
     """The serialised one-Chunk reply of an exchange (wire.whole_bytes) as a Session frame."""
     return whole + END

@@ -22,7 +22,7 @@ from .attempt import ClusterAttempt, draw_participants
 from .cloud_link import CloudLink, Joined
 from .modes import DigitalEdge, EdgePorts
 from .release import EdgeRelease
-from .round_state import Barrier, ClusterRound, Contribution, Traffic, result_scalars
+from .round_state import ClusterRound, Traffic, result_scalars
 
 log = logging.getLogger("hfl.edge")
 
@@ -57,7 +57,7 @@ class EdgeServer(Gate, pbg.EdgeServiceServicer):
     round = property(lambda self: self.current.round if self.current else -1)
     attempt = property(lambda self: self.current.ctx.attempt if self.current else 0)  # observers (/metrics)
     chunk_bytes = property(lambda self: self.cfg.net.chunk_kib * 1024)
-    max_bytes = property(lambda self: self.cfg.net.max_message_mb << 20)
+    max_bytes = property(lambda self: self.cfg.net.max_message_mb << 20 if self.spec else rpc.MAX_CHUNK)  # unjoined: refused anyway
     bytes_down = property(lambda self: self.traffic.down, lambda self, n: setattr(self.traffic, "down", n))  # the gate's
 
     # ---- device-facing RPCs -------------------------------------------------------------------
@@ -124,12 +124,6 @@ class EdgeServer(Gate, pbg.EdgeServiceServicer):
                                  f"{meta.attempt}, but {self.id} has not begun a round", "wrong_round")
         return self.current
 
-    def _validate(self, envelope: pb.Envelope) -> tuple[Barrier, Contribution]:
-        """Checks that depend on the round in progress; raises WireError."""
-        current = self._attempt_of(envelope.meta)
-        barrier = current.check(envelope)
-        return barrier, self.mode.validate(current.ctx, envelope, barrier)
-
     async def Exchange(self, request_iterator, context):
         chunks, size = await self._exchange(lambda: wire.read_envelope(request_iterator, self.max_bytes), context)
         for chunk in chunks:
@@ -138,28 +132,18 @@ class EdgeServer(Gate, pbg.EdgeServiceServicer):
 
     @rpc.raw_bytes
     async def ExchangeOne(self, request: bytes, context) -> bytes:
-        async def read():
-            return wire.read_raw_chunk(request, self.max_bytes)
-
-        chunks, size = await self._exchange(read, context, request)
-        self.bytes_down += size
-        return wire.whole_bytes(chunks)
+        return await self._framed(session_stream.Upload(raw=request, max_bytes=self.max_bytes), context)
 
     @rpc.raw_bytes
-    async def Session(self, request_iterator, context):
-        """The member's exchanges on one stream (common/session_stream.py): each upload gets _exchange's checks, its
-        session token included; a refusal ends the stream with its status."""
-        uploads = session_stream.uploads(request_iterator, self.max_bytes)
-        while True:
-            try:
-                upload = await anext(uploads, None)
-            except wire.WireError as exc:
-                await refuse(context, self.refusals, exc)
-            if upload is None:
-                return
-            chunks, size = await self._exchange(upload.read, context, upload.received)
-            self.bytes_down += size
-            yield session_stream.reply(wire.whole_bytes(chunks))
+    async def Session(self, request_iterator, context):  # each upload checked by _exchange; a refusal ends the stream
+        async for frame in session_stream.serve(request_iterator, self.max_bytes, self._framed, context,
+                                                lambda exc: refuse(context, self.refusals, exc)):
+            yield frame
+
+    async def _framed(self, upload: session_stream.Upload, context) -> bytes:
+        chunks, size = await self._exchange(upload.read, context, upload.received)
+        self.bytes_down += size
+        return wire.whole_bytes(chunks)
 
     async def _exchange(self, read, context, received: bytes = b"") -> tuple[list[pb.Chunk], int]:
         """One upload (`read()` awaits its envelope and size) and, once its barrier is released, the reply's chunks.
@@ -177,7 +161,9 @@ class EdgeServer(Gate, pbg.EdgeServiceServicer):
             if envelope.meta.withdraw:
                 (self.current or ClusterAttempt.NONE).withdraw(envelope.meta)
                 return [pb.Chunk(data=b"")], 0
-            barrier, contribution = self._validate(envelope)
+            current = self._attempt_of(envelope.meta)  # the checks that depend on the round in progress
+            barrier = current.check(envelope)
+            contribution = self.mode.validate(current.ctx, envelope, barrier)
         except wire.WireError as exc:
             if node is not None:  # an authenticated member's own message: counted against it on the live page
                 self.book.refusal(node)

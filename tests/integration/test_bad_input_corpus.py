@@ -515,6 +515,8 @@ def test_edge_refuses_everything_before_it_joined_its_cloud(tmp_path):
             "exchange malformed": outcome(lambda: list(stub.Exchange(iter([pb.Chunk(data=b"\xff\xff")]), timeout=10))),
             "exchange empty": outcome(lambda: list(stub.Exchange(iter([]), timeout=10))),
             "exchange one": outcome(lambda: stub.ExchangeOne(pb.Chunk(data=env.SerializeToString()), timeout=10)),
+            "session": outcome(lambda: list(stub.Session(iter([pb.Chunk(data=env.SerializeToString(), end=True)]),
+                                                         timeout=10))),
             "register": outcome(lambda: stub.Register(pb.RegisterRequest(node_id="dev-00004", num_samples=1),
                                                       timeout=10)),
             "discovery": outcome(lambda: stub.Register(pb.RegisterRequest(), timeout=10)),

@@ -1,4 +1,5 @@
 """Benchmark (not a test). Run: python benchmarks/bench_medium.py [--repeats N] [--d D] [--testbed ROUNDS] [--paper003]
+[--wire]
 
 --paper003: the medium at paper 003's scale (deploy/configs/scale-ota-fmnist.toml: 3 collaborating clusters x
 M = 15 devices, the plane's interferer clusters, ota-cnn, d = 225,034, tau 6, gamma 2, batch 60), in one process:
@@ -31,6 +32,15 @@ wall a round).
 interferer clusters, one host process per core): the medium's compute time per slot and its share of the
 round's wall time (the cloud's `medium_seconds` column against `round_seconds`), median over the rounds after
 the first.
+
+--wire: one air slot's messages at paper 003's scale (3 edges x 15 devices, d = 225,034, 29 transmitters): each
+device's AirRow upload as its edge receives it, the edge's checks and its emission (the rows forwarded as received,
+common/batches.py), the medium's parse of the 3 emissions and the slot's payload matrix; CPU time, medians. Typed
+rows against the scalar keys before them (6982bd4; the same path timed by a script for each tree, three runs of 7
+repeats in turn, 2026-11-29 06:32 UTC, load 9-10): the edge 13.2 / 13.8 / 13.6 ms -> 7.3 / 7.2 / 7.5 ms an emission;
+the medium 37.3 / 38.4 / 38.4 ms -> 36.3 / 37.7 / 45.4 ms a slot (the copies saved, ~3.5 ms, are within the noise:
+the protobuf parse and the float64 normalisation check dominate). `--wire --repeats 7` itself, three runs after,
+load 9-13: edge 9.5-10.2 ms, medium 46-49 ms.
 
 Without it: time per OTA slot of the medium's pure functions for 60 devices in 6 collaborating clusters (M = 10)
 plus the non-collaborating interferer clusters of a 1 km plane at 20 edges per km^2 (M_n = 15), model
@@ -198,6 +208,62 @@ def paper003(repeats: int, medium_threads: int, downlink: str) -> dict:
             "medium_share_of_round_1_thread": statistics.median(share_cpu), "repeats": repeats}
 
 
+def wire_path(repeats: int) -> dict:
+    """One air slot's messages at paper 003's scale (3 edges x M = 15, d = 225,034): each device's upload as its
+    edge receives it (the ExchangeOne bytes) -> the edge's checks and its emission's bytes (the rows forwarded as
+    received) -> the medium's parse of the 3 emissions and the slot's payload matrix. CPU time of this process (one thread), medians."""
+    import pathlib
+    import tempfile
+
+    from hfl import families
+    from hfl.cloud_server.medium import Medium
+    from hfl.common import batches, config, plans, topology, wire
+    from hfl.common.channel import plane as air
+    from hfl.proto import hfl_v1_pb2 as pb
+
+    assert families  # [channel] and the air algorithms register on its import
+    d, m, edges = 225_034, 15, 3
+    cfg = config.load(None, [f"topology.edges={edges}", f"topology.devices_per_edge={m}", "channel.model=ota",
+                             "run.algorithm=multiairfed", "train.tau=6", "train.gamma=2"])
+    phases = plans.build_plan(cfg)
+    with tempfile.TemporaryDirectory() as tmp:
+        medium = Medium(cfg, pathlib.Path(tmp), d)
+    active = air.activity(medium.plane, phases, 0, 0)
+    rng = np.random.default_rng(0)
+    received = {}
+    for i in range(edges * m):
+        node = topology.device_id(i)
+        env = pb.Envelope(meta=pb.Meta(run_id="r", phase=phases[0].kind, sender_id=node, num_devices=1))
+        row = env.air.rows.add(node=node, model_sum=1.0)
+        if active[i]:
+            bar, mu, sigma = air.normalise(rng.standard_normal((1, d)))
+            row.mu, row.sigma = float(mu[0]), float(sigma[0])
+            wire.CODECS.get("float32").fill(row.tensor, bar[0].astype(np.float32), "air")
+        received[node] = pb.Chunk(data=env.SerializeToString()).SerializeToString()
+
+    def edge(e: int) -> bytes:
+        held = []
+        for node in topology.edge_members(cfg, e):
+            upload, _ = wire.read_raw_chunk(received[node], 1 << 30)
+            row = batches.air_rows(upload, {node}, node, bounded=True)[0]
+            vec = wire.decode_array(row.tensor, [d]) if row.HasField("tensor") else None
+            held.append(batches.received_row(received[node], vec)[0])
+        meta = pb.Meta(run_id="r", phase=phases[0].kind, sender_id=topology.edge_id(e), num_devices=m)
+        return batches.with_batch(pb.Envelope(meta=meta), batches.AIR, held)
+
+    t_edge, t_medium = [], []
+    for _ in range(repeats):
+        t0 = time.process_time()
+        emissions = [edge(e) for e in range(edges)]
+        t1 = time.process_time()
+        np.stack([v for b in emissions for v in medium.parse(wire.parse_envelope(b), 0, phases).payloads])
+        t_edge.append((t1 - t0) / edges)
+        t_medium.append(time.process_time() - t1)
+    return {"d": d, "transmitters": int(active[:edges * m].sum()), "devices": edges * m,
+            "emission_mib": len(emissions[0]) / 2 ** 20, "edge_cpu_s_per_emission": statistics.median(t_edge),
+            "medium_in_cpu_s_per_slot": statistics.median(t_medium), "repeats": repeats}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=7)
@@ -206,7 +272,11 @@ def main() -> None:
     ap.add_argument("--paper003", action="store_true", help="the medium at paper 003's scale against a round's training")
     ap.add_argument("--medium-threads", type=int, default=2, help="--paper003: threads of the medium's column blocks")
     ap.add_argument("--downlink", default="in-phase", choices=("in-phase", "complex"), help="--paper003: the rows")
+    ap.add_argument("--wire", action="store_true", help="one air slot's messages at paper 003's scale, edge and medium")
     args = ap.parse_args()
+    if args.wire:
+        print(json.dumps(wire_path(args.repeats)))
+        return
     if args.paper003:
         print(json.dumps(paper003(args.repeats, args.medium_threads, args.downlink)))
         return

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import statistics
 import subprocess
@@ -73,6 +74,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seeds", type=int, default=4, help="seeds a cell (2 cells): 4 = 8 runs")
+    parser.add_argument("--report", help="also write the figures as markdown here (benchmarks/reports/...)")
     args = parser.parse_args()
     reason = cluster.loopback_unavailable()
     if reason:
@@ -83,6 +85,7 @@ def main() -> int:
         wall = {"local": [], "cluster": []}
         runs = {"local": {"total_seconds": [], "startup_seconds": []},
                 "cluster": {"total_seconds": [], "startup_seconds": []}}
+        load = []
         with cluster.two_node_cluster(cpus=1) as started:
             for r in range(args.repeats):
                 for kind in ("local", "cluster"):
@@ -91,13 +94,37 @@ def main() -> int:
                     wall[kind].append(sweep(spec, out, *extra, ns=started["ns"] if kind == "cluster" else None))
                     for key in runs[kind]:
                         runs[kind][key] += per_run(out, key)
-                    print(f"repeat {r} {kind}: {wall[kind][-1]:.1f} s", flush=True)
+                    load.append(os.getloadavg()[0])
+                    print(f"repeat {r} {kind}: {wall[kind][-1]:.1f} s (load {load[-1]:.1f})", flush=True)
     med = {k: statistics.median(v) for k, v in wall.items()}
     report = {"runs": 2 * args.seeds, "repeats": args.repeats, "wall_seconds": wall,
               "median_wall_seconds": med, "ratio_cluster_to_local": med["cluster"] / med["local"],
-              "per_run_median": {k: {key: statistics.median(v) for key, v in d.items()} for k, d in runs.items()}}
+              "per_run_median": {k: {key: statistics.median(v) for key, v in d.items()} for k, d in runs.items()},
+              "load_average_1min": load}
     print(json.dumps(report, indent=1))
+    if args.report:
+        write_report(pathlib.Path(args.report), report)
     return 0
+
+
+def write_report(path: pathlib.Path, report: dict) -> None:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    med, per = report["median_wall_seconds"], report["per_run_median"]
+    lines = [f"# Cluster sweep overhead ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})", "",
+             f"`python benchmarks/bench_cluster.py --repeats {report['repeats']} --seeds {report['runs'] // 2}`, commit "
+             f"{commit.strip() or '?'} (plus the working tree), {os.cpu_count()} cores shared with other work (1-minute "
+             f"load average {min(report['load_average_1min']):.1f}-{max(report['load_average_1min']):.1f} after each "
+             f"sweep): the same {report['runs']}-run sweep locally with `--jobs 2` and on a two-node loopback Ray "
+             "cluster of 1 CPU a node, taking turns.", "",
+             "| | local --jobs 2 | two-node cluster |", "|---|---|---|",
+             "| wall, s (each repeat) | " + ", ".join(f"{x:.2f}" for x in report["wall_seconds"]["local"]) + " | "
+             + ", ".join(f"{x:.2f}" for x in report["wall_seconds"]["cluster"]) + " |",
+             f"| wall, median | {med['local']:.2f} | {med['cluster']:.2f} |",
+             f"| a run's whole time, median | {per['local']['total_seconds']:.2f} | {per['cluster']['total_seconds']:.2f} |",
+             f"| a run's start-up, median | {per['local']['startup_seconds']:.2f} | "
+             f"{per['cluster']['startup_seconds']:.2f} |", "",
+             f"Ratio cluster / local: **{report['ratio_cluster_to_local']:.2f}x** (target <= 1.10x).", ""]
+    path.write_text("\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -185,7 +185,24 @@ def _reachable(address: str, timeout: float = 5.0) -> None:
 
 
 def connect(address: str):
-    """Ray, connected to the cluster at `address` (the run's HFL_* environment handed to its workers)."""
+    """Ray, connected to the cluster at `address` (the run's HFL_* environment handed to its workers); once a
+    process (a second call, as after `warm_up`, gives the same connection or the same error)."""
+    if address in _connected:
+        if isinstance(_connected[address], ClusterError):
+            raise _connected[address]
+        return _connected[address]
+    try:
+        _connected[address] = _connect(address)
+    except ClusterError as exc:
+        _connected[address] = exc
+        raise
+    return _connected[address]
+
+
+_connected: dict[str, Any] = {}
+
+
+def _connect(address: str):
     ray = import_ray()
     address = resolve(address)
     _reachable(address)
@@ -244,6 +261,44 @@ def check_fits(runs, table, nodes: dict[str, dict]) -> None:
                                f"most {most_mem:.1f}); set [cluster] memory_gb lower")
 
 
+def warm_up(address: str, runs, table: dict, runner: str = "testbed") -> int:
+    """Connect and make each node's workers ready for runs while the driver checks the runs (preflight): a task per
+    run slot of every node (its CPUs over the smallest run's) that starts the worker, its testbed forkserver (which
+    imports the nodes' modules, torch among them) and the project's modules, which the first run of each worker would
+    otherwise do first; the runs then find those workers idle and reuse them. Returns the tasks sent (0: none, a bad
+    address or Ray missing among them: `connect` says so afterwards, in its place)."""
+    try:
+        ray = connect(address)
+        nodes = alive_nodes(ray)
+    except ClusterError:
+        return 0
+    if not runs or not nodes:
+        return 0
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    cpus = min(resources(run, table)["cpus"] for run in runs)
+    remote = ray.remote(prepare_worker)
+    sent = 0
+    for node_id, node in nodes.items():
+        for _ in range(min(len(runs), max(1, int(node["cpus"] / cpus + 1e-9)))):
+            remote.options(num_cpus=min(cpus, node["cpus"]), max_retries=0, name="hfl-warm-up",
+                           scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=True)).remote(runner)
+            sent += 1
+    return sent
+
+
+def prepare_worker(runner: str) -> int:
+    """A Ray worker made ready for runs (warm_up, run_on_node): a testbed's forkserver starting first (it imports the
+    nodes' modules in its own process while this worker imports the rest; idempotent), then the config's sections
+    and algorithms and the runners, as the driver has them."""
+    if runner == "testbed":
+        from hfl.node_spawn import prepare
+
+        prepare()
+    from hfl import families, runners  # noqa: F401
+    return os.getpid()
+
+
 def _tar(folder: pathlib.Path) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
@@ -262,8 +317,9 @@ def run_on_node(run, runner: str, cwd: str, timeout: float) -> dict:
     bytes (an error of the run comes back as text, with its logs)."""
     import ray
 
-    from hfl import families, runners  # noqa: F401  (the config's sections and algorithms, as the driver has them)
+    from hfl import runners
 
+    prepare_worker(runner)
     ctx = ray.get_runtime_context()
     node = {"node_id": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(), "hostname": socket.gethostname()}
     if os.path.isdir(cwd):  # a shared filesystem (or this machine): relative data paths resolve as on the driver

@@ -737,6 +737,8 @@ def run_sweep(spec_path: str | pathlib.Path, out: str | pathlib.Path | None = No
             console.print(f"results: {out_dir / 'results.md'}, results.json and claim plots", markup=False)
             return 0
         runs = first_seeds(expand(spec, out_dir), max_seeds)
+        if cluster is not None and not dry_run:  # the nodes' workers start while the runs are checked here
+            cluster_mod.warm_up(cluster, [r for r in runs if not r.done], spec.cluster, spec.runner)
         for run in runs:  # data present, devices against samples, model against data: before any run starts
             try:
                 with devices_elsewhere(cluster is not None):  # train.device = "cuda": the cluster's GPUs, not ours

@@ -100,8 +100,6 @@ def test_bad_input_is_one_line_before_anything_starts(tmp_path):
     assert not out.exists()
     runs = {("--resume", str(tmp_path), "--cluster", "127.0.0.1:1"):
             f"cluster error: --resume {tmp_path}: no config.toml there (not a run directory)",
-            ("--gpus-per-host", "1.5", "--cluster", "127.0.0.1:1"): "cluster error: --gpus-per-host must be a fraction "
-            "in (0, 1] (a share of one GPU) or a whole number of GPUs, got 1.5",
             ("--set", "train.device=cuda", "--cluster", "127.0.0.1:1"): 'cluster error: --cluster: train.device = '
             '"cuda" needs GPUs reserved on the cluster: set gpus_per_host',
             ("--gpus-per-host", "1"): "config error: --gpus-per-host reserves GPUs on a Ray cluster: give --cluster too"}
@@ -254,7 +252,8 @@ def test_one_testbed_spread_over_both_nodes_under_mutual_tls_equals_a_local_run(
     assert not list((tmp_path / "spread").rglob("*.key"))  # no private key comes back
 
     # interrupted once its first round is in (the cloud held with SIGSTOP, then Ctrl-C to the driver), resumed
-    # over the cluster: every round once, the same metrics as the uninterrupted local run
+    # over the cluster: every round once, the same model as the uninterrupted local run (what a resume keeps, as
+    # tests/integration/test_faults.py checks it: the traffic the restarted cloud counts in its first round may not)
     out = tmp_path / "resumed"
     sets = [a for x in RUN for a in ("--set", x)]
     argv = ["nsenter", "-t", str(cluster["ns"]), "-n", sys.executable, "-m", "hfl.cli", "run",
@@ -286,7 +285,9 @@ def test_one_testbed_spread_over_both_nodes_under_mutual_tls_equals_a_local_run(
                              capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["resumed"] is True and _rows(out) == rows[1]
+    key = ("round", "accuracy", "loss", "train_loss")
+    assert summary["resumed"] is True and [[r[k] for k in key] for r in _rows(out)] == [[r[k] for k in key]
+                                                                                         for r in rows[1]]
 
 
 def _cloud_of(holder: int, driver: subprocess.Popen, timeout: float = 300) -> tuple[int, list[str]]:
@@ -347,7 +348,8 @@ def _runs_a_task(raylet: int) -> bool:
             title = pathlib.Path(f"/proc/{entry}/cmdline").read_bytes()
         except OSError:
             continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == raylet and title.startswith(b"ray::hfl-"):
+        if int(stat.rsplit(")", 1)[1].split()[1]) == raylet and title.startswith(b"ray::hfl-") \
+                and not title.startswith(b"ray::hfl-warm-up"):  # a worker made ready before the runs, not a run
             return True
     return False
 

@@ -5,6 +5,7 @@ edge reads a one-frame upload's values in place (wire.view_in). A stream costs g
 session instead of once per exchange (benchmarks/bench_rpc.py: `session` against `current`)."""
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import AsyncIterator
 
@@ -110,9 +111,12 @@ class SessionStream:
             self.call, self.token = stub.Session(metadata=metadata), token
         call = self.call
         try:
-            while chunks:
-                chunk = chunks.pop(0)
-                await call.write(chunk.SerializeToString() + (END if not chunks else b""))
+            try:
+                while chunks:
+                    chunk = chunks.pop(0)
+                    await call.write(chunk.SerializeToString() + (END if not chunks else b""))
+            except asyncio.InvalidStateError:  # the call ended already (the edge died or refused): read() raises its status
+                pass
             raw = await call.read()
             if raw is grpc.aio.EOF:
                 raise wire.WireError(grpc.StatusCode.UNAVAILABLE, "the edge ended the session stream", "stream_ended")

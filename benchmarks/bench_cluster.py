@@ -14,6 +14,12 @@ local --jobs 2 7.98, 7.92, 7.96 s; cluster 10.14, 9.74, 10.05 s; medians 7.96 vs
 0.20 vs 0.20 s (medians over the 24 runs). The difference is a fixed ~2 s a sweep: the driver's `import ray` and
 connection (0.6 s measured apart) and each Ray worker's first task importing the project, torch and its testbed
 forkserver once more (a local sweep does it once in one process); a paper-scale run of minutes amortizes it.
+
+Since 2026-11-29 the driver makes each node's workers ready (worker, forkserver, imports) while it checks the runs
+(hfl.cluster.warm_up). Against the tree before in turn (bench_cluster_ab.py, 6 repeats, load 4.8-14.6): medians
+local 8.66 s, cluster 12.31 s, the tree before 16.48 s; one cluster up, 07:12 UTC, load 5.5-6.8: 8.90 vs 12.59 s,
+1.41x (benchmarks/reports/cluster-2026-11-29.md; the ratio moves between runs on these shared cores).
+`--report FILE.md` writes the figures as markdown.
 """
 from __future__ import annotations
 

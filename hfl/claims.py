@@ -428,9 +428,9 @@ def _paired_note(result: dict) -> str:
 
 def index_pages(root: pathlib.Path = ROOT) -> dict[str, str]:
     """REPRODUCTIONS.md and one page per paper (reproductions/PAPER/README.md), path -> text: see hfl/claims_index.py."""
-    from hfl import claims_index, sweep
+    from hfl import claims_index, sweep_spec
 
-    return claims_index.pages(root, claims_index.Sources(sweep.load_spec, evaluate_all, _paired_note, sweep.changed_keys))
+    return claims_index.pages(root, claims_index.Sources(sweep_spec.load_spec, evaluate_all, _paired_note, sweep_spec.changed_keys))
 
 
 def index(root: pathlib.Path = ROOT) -> str:

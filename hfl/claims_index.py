@@ -31,10 +31,10 @@ IGNORED = ("run.name", "run.seed")  # the keys a seed extension may change
 
 @dataclass
 class Sources:
-    load_spec: Callable[[pathlib.Path], Any]             # hfl.sweep.load_spec
+    load_spec: Callable[[pathlib.Path], Any]             # hfl.sweep_spec.load_spec
     evaluate_all: Callable[[list, list[dict]], list[dict]]  # hfl.claims.evaluate_all
     paired_note: Callable[[dict], str]
-    changed_keys: Callable[[str, str], list[str] | None]   # hfl.sweep.changed_keys
+    changed_keys: Callable[[str, str], list[str] | None]   # hfl.sweep_spec.changed_keys
 
 
 # ---- seed extensions -----------------------------------------------------------------------------
@@ -48,7 +48,7 @@ def pool_problems(parent: pathlib.Path, extension: pathlib.Path, cells: list[str
     """Why the runs of `extension` (a report directory) cannot join those of `parent` in `cells`: a cell without
     committed runs, a seed in both, or a setting other than run.seed and run.name that differs between two of the
     cells' committed runs. `changed(a, b)` lists the keys whose values differ between two config.toml texts
-    (hfl.sweep.changed_keys: a key one file lacks is no difference where the other holds its default, the field
+    (hfl.sweep_spec.changed_keys: a key one file lacks is no difference where the other holds its default, the field
     being newer than the run); a key counts when it differs read both ways."""
     problems = []
     for cell in cells:

@@ -19,13 +19,22 @@ END = b"\x10\x01"  # Chunk.end = true (field 2, varint 1): appended to a seriali
 METHOD = "/hfl.v1.EdgeService/Session"
 
 
-def frame_end(raw: bytes) -> bool:
-    """Whether the serialised Chunk `raw` has `end` set (the last value of field 2 wins, as a parser reads it)."""
+def frame_fields(raw: bytes) -> tuple[int, int, bool]:
+    """(start, end) of the serialised Chunk `raw`'s data and whether its `end` is set, in one pass (the last value of
+    a field wins, as a parser reads it)."""
+    start = stop = 0
     end = False
-    for number, kind, value, _ in wire._keys(raw, 0, len(raw)):
-        if number == 2 and kind == 0:
-            end = value != 0
-    return end
+    for number, kind, a, b in wire._keys(raw, 0, len(raw)):
+        if number == 1 and kind == 2:
+            start, stop = a, b
+        elif number == 2 and kind == 0:
+            end = a != 0
+    return start, stop, end
+
+
+def frame_end(raw: bytes) -> bool:
+    """Whether the serialised Chunk `raw` has `end` set."""
+    return frame_fields(raw)[2]
 
 
 @dataclass
@@ -54,8 +63,7 @@ async def uploads(frames: AsyncIterator[bytes], max_bytes: int) -> AsyncIterator
     size = 0
     async for raw in frames:
         try:
-            start, stop = wire._envelope_span(raw)
-            last = frame_end(raw)
+            start, stop, last = frame_fields(raw)
         except (IndexError, ValueError):
             raise wire.WireError(grpc.StatusCode.INVALID_ARGUMENT, "malformed stream message: not a Chunk",
                                  "malformed") from None

@@ -1,7 +1,7 @@
 """Benchmark (not a test). Run: python benchmarks/bench_cluster.py [--repeats 3] [--seeds 4]
 
 The same 8-run sweep (2 cells x 4 seeds of a tiny testbed: 1 edge x 2 devices, one device host, 1 round, mlp)
-locally with `--jobs 2` and with `--cluster` on a two-node Ray cluster on this machine's loopback (hfl.cluster.
+locally with `--jobs 2` and with `--cluster` on a two-node Ray cluster on this machine's loopback (hfl.cluster_loopback.
 two_node_cluster: a head and a second node of 1 CPU each, `[cluster] cpus = 1`, so two runs at a time as with
 --jobs 2), each into a fresh --out, taking turns; the median wall time of each over the repeats and their ratio
 (the Ray path's overhead on the same cores: target <= 1.10x), and the median whole-run and start-up seconds per run
@@ -36,7 +36,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hfl import cluster  # noqa: E402
+from hfl import cluster_loopback as cluster  # noqa: E402
 
 SPEC = """\
 name = "bench-cluster"

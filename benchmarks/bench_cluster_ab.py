@@ -23,7 +23,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_cluster import SPEC  # noqa: E402
-from hfl import cluster  # noqa: E402
+from hfl import cluster_loopback as cluster  # noqa: E402
 
 KINDS = ("local", "cluster", "cluster-before")
 

@@ -241,8 +241,8 @@ def cmd_run(args) -> int:
     from hfl.launcher import run_with_progress
 
     out = args.resume or args.out
-    if args.cluster:  # one testbed spread over a Ray cluster (hfl/cluster.py)
-        from hfl.cluster import run_command
+    if args.cluster:  # one testbed spread over a Ray cluster (hfl/cluster_spread.py)
+        from hfl.cluster_spread import run_command
 
         return run_command(args.config, args.overrides, out, args.cluster, args.quiet, args.certs, bool(args.resume),
                            args.gpus_per_host)

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from hfl import cluster as cluster_mod
+from hfl import cluster_spread
 from hfl import families  # noqa: F401  (the config's family sections)
 from hfl.common import config as config_mod
 from hfl.common.config import ConfigError
@@ -144,5 +145,5 @@ def test_the_reservations_of_a_spec_and_what_the_nodes_must_have(tmp_path):
         bare = dataclasses.replace(runs["cuda"], resources=None)  # no gpus_per_host anywhere
         cluster_mod.check_fits([bare], {}, {"a": {**node, "gpus": 2.0}})
     with pytest.raises(cluster_mod.ClusterError, match="4 device hosts need 2 GPUs, 0.5 on one node; the cluster has 1"):
-        cluster_mod.check_gpu_fit({"a": {**node, "gpus": 1.0}}, 4, 0.5)  # a spread run (hfl run --cluster)
-    cluster_mod.check_gpu_fit({"a": {**node, "gpus": 1.0}, "b": {**node, "gpus": 1.0}}, 4, 0.5)
+        cluster_spread.check_gpu_fit({"a": {**node, "gpus": 1.0}}, 4, 0.5)  # a spread run (hfl run --cluster)
+    cluster_spread.check_gpu_fit({"a": {**node, "gpus": 1.0}, "b": {**node, "gpus": 1.0}}, 4, 0.5)

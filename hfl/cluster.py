@@ -294,6 +294,33 @@ def prepare_worker(runner: str) -> int:
     return os.getpid()
 
 
+def node_call(address: str, runs, table: dict):
+    """call(fn, *args) for the sweep's preflight: fn runs as a Ray task on a node, in a fork of that node's testbed
+    forkserver, so that the driver never imports torch; fn's own exception is raised here. The task asks what a
+    warm_up task holds, so it waits for one to end and reuses its worker (whose forkserver is up) instead of
+    starting a worker, and a forkserver, of its own."""
+    ray = connect(address)
+    cpus = min(min(resources(run, table)["cpus"] for run in runs), min(n["cpus"] for n in alive_nodes(ray).values()))
+    remote = ray.remote(_call_on_node).options(num_cpus=cpus, max_retries=0, name="hfl-preflight")
+
+    def call(fn, *args):
+        ok, value = ray.get(remote.remote(fn, *args))
+        if not ok:
+            raise value
+        return value
+    return call
+
+
+def _call_on_node(fn, *args) -> tuple[bool, Any]:
+    from hfl.node_spawn import call_forked, prepare
+
+    prepare()
+    try:
+        return True, call_forked(fn, *args)
+    except Exception as exc:  # fn's error, raised again on the driver (preflight words it)
+        return False, exc
+
+
 def _tar(folder: pathlib.Path) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:

@@ -27,7 +27,9 @@ class SweepRunner:
     sections: tuple[str, ...]                    # top-level spec sections that are the runner's, not the config's
     settings: Callable[[dict], Any]              # {key: value} of those sections -> checked settings (ValueError)
     run: Callable[..., dict]                     # (run, on_round, timeout, active) -> summary (summary.json written)
-    preflight: Callable[[Any], None]             # (run) -> None, or ConfigError before anything runs
+    preflight: Callable[[Any, Callable], None]   # (run, call) -> None, or ConfigError before anything runs;
+    #                                              call(fn, *args) runs work that needs torch elsewhere
+    #                                              (node_spawn.caller(), cluster.node_call)
     steps: Callable[[Any], int]                  # (run) -> progress-bar length
     config_text: Callable[[Any], str]            # (run) -> its config.toml: a changed spec is caught against it
     report: Callable[..., tuple[list[pathlib.Path], str]] = lambda spec, runs, out: ([], "")  # extra plots, markdown
@@ -69,10 +71,10 @@ def run_testbed(run, on_round=None, timeout: float = 24 * 3600, active: dict | N
             active.pop(id(bed), None)
 
 
-def _testbed_preflight(run) -> None:
+def _testbed_preflight(run, call: Callable) -> None:
     from hfl.preflight import preflight
 
-    preflight(run.config)
+    preflight(run.config, call)
 
 
 RUNNERS.register("testbed", SweepRunner(
@@ -102,7 +104,7 @@ def _dlg_config_text(run) -> str:
         f"{k} = {json.dumps(v)}\n" for k, v in attack.items())
 
 
-def _dlg_preflight(run) -> None:
+def _dlg_preflight(run, call: Callable) -> None:
     from hfl.common.data import DataError, load_dataset
 
     try:

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from hfl import claims as claims_mod
 from hfl import cluster as cluster_mod  # imports Ray only when a sweep runs on a cluster
+from hfl import node_spawn
 from hfl import runners as runners_mod
 from hfl.common import config as config_mod
 from hfl.preflight import devices_elsewhere
@@ -98,12 +99,15 @@ def run_sweep(spec_path: str | pathlib.Path, out: str | pathlib.Path | None = No
             console.print(f"results: {out_dir / 'results.md'}, results.json and claim plots", markup=False)
             return 0
         runs = first_seeds(expand(spec, out_dir), max_seeds)
+        call = node_spawn.caller()  # the model check in a fork of the nodes' forkserver: this process imports no torch
         if cluster is not None and not dry_run:  # the nodes' workers start while the runs are checked here
-            cluster_mod.warm_up(cluster, [r for r in runs if not r.done], spec.cluster, spec.runner)
+            todo = [r for r in runs if not r.done]
+            if cluster_mod.warm_up(cluster, todo, spec.cluster, spec.runner):
+                call = cluster_mod.node_call(cluster, todo, spec.cluster)  # ... on a node, in a warmed forkserver
         for run in runs:  # data present, devices against samples, model against data: before any run starts
             try:
                 with devices_elsewhere(cluster is not None):  # train.device = "cuda": the cluster's GPUs, not ours
-                    spec.sweep_runner.preflight(run)
+                    spec.sweep_runner.preflight(run, call)
             except config_mod.ConfigError as exc:
                 raise SweepError(f"cell {run.cell}: {exc}") from None
     except SweepError as exc:

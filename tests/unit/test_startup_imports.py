@@ -98,3 +98,22 @@ def test_the_launcher_checks_the_model_without_importing_torch():
     here = preflight(config.load(None, SMALL_SYNTHETIC))
     assert got["info"] == {**here, "input_shape": list(here["input_shape"])}
     assert here["parameters"] == 28938  # mnist-cnn on 1x28x28, 10 classes
+
+
+def test_a_sweep_checks_its_runs_without_importing_torch(tmp_path):
+    """`hfl sweep` checks every run (preflight, the model's forward pass once per data and model) in a fork of the
+    forkserver its testbeds start from, as `hfl run` does: the sweep's own process never imports torch (1.2 s before
+    its first run); a model that does not fit the data is still refused before any run starts."""
+    spec = tmp_path / "s.toml"
+    spec.write_text('name = "s"\nseeds = [0]\n[base]\n"run.rounds" = 1\n"data.dataset" = "synthetic"\n'
+                    '"data.synthetic_samples" = 500\n[grid]\n"data.synthetic_shape" = [[1, 28, 28], [1, 2, 2]]\n')
+    code = textwrap.dedent(f"""
+        import sys
+        from hfl import sweep
+        code = sweep.run_sweep({str(spec)!r}, out={str(tmp_path / "out")!r}, quiet=True)
+        print(code, "torch" in sys.modules)
+        """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.stdout.split() == ["2", "False"], done.stdout + done.stderr[-2000:]
+    assert "model.name = 'mnist-cnn' does not run on synthetic" in done.stderr
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").rglob("summary.json"))

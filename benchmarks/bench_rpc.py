@@ -1,6 +1,6 @@
 """Benchmark (not a test): CPU per device <-> edge exchange of a model-sized payload over real gRPC.
 
-Run: python benchmarks/bench_rpc.py [--params 28938] [--exchanges 300] [--repeats 5] [--profile]
+Run: python benchmarks/bench_rpc.py [--params 28938] [--exchanges 300] [--repeats 5] [--devices 1] [--profile]
 
 One exchange is what a device does in an edge_model_sync phase: encode its float32 delta, build the
 envelope, chunk it, stream it to the edge (Exchange), read the edge's reply stream, reassemble it and
@@ -13,7 +13,8 @@ stream held open for the session); `unary` is one ExchangeOne call per exchange 
 session stream, wire.exchange, when the upload fits one chunk, as here); `streaming` is the same code on the Exchange stream call (what every exchange was before issue 25);
 `copying` is the stream call with the chunking, reassembly and decoding of before issue 12 (an extra copy per chunk,
 per envelope and per tensor), in the same run. The edge side answers both calls as EdgeServer does.
---profile prints cProfile's top functions of the client side.
+--profile prints cProfile's top functions of the client side. --devices N: N devices of one client process exchange at
+once, each on its own connection (as a device host's devices do), the exchanges split among them.
 """
 from __future__ import annotations
 
@@ -138,7 +139,7 @@ def serve(port_q, cmd_q, mode: str, dim: int, chunk_bytes: int) -> None:
 
 
 async def client_exchanges(mode: str, port: int, n: int, dim: int, chunk_bytes: int, server_cpu,
-                           profile: cProfile.Profile | None = None):
+                           profile: cProfile.Profile | None = None, devices: int = 1):
     from hfl.common import rpc, wire
     from hfl.common.pipeline import Link
     from hfl import families  # noqa: F401
@@ -148,14 +149,15 @@ async def client_exchanges(mode: str, port: int, n: int, dim: int, chunk_bytes: 
 
     cfg = config_mod.load(None, [])
     uplink, downlink = Link.from_config(cfg.pipeline, "uplink"), Link.from_config(cfg.pipeline, "downlink")
-    chan = rpc.channel(f"127.0.0.1:{port}", chunk_bytes)
-    stub = wire.edge_stub(chan)
+    chans = [rpc.channel(f"127.0.0.1:{port}", chunk_bytes) for _ in range(devices)]  # a device: its own connection
+    stubs = [wire.edge_stub(c) for c in chans]
     delta = np.random.default_rng(0).normal(size=dim).astype(np.float32)
     from hfl.common.session_stream import SessionStream
 
-    stream = SessionStream()
+    streams = [SessionStream() for _ in range(devices)]
 
-    async def one(i: int) -> None:
+    async def one(i: int, d: int = 0) -> None:
+        stub, stream = stubs[d], streams[d]
         tensor, transforms = uplink.send(delta, "delta", 0, 1, i, 0)
         meta = pb.Meta(run_id="bench", round=i, phase="edge_model_sync", step=0, sender_id="dev-00001",
                        num_samples=100, transforms=transforms, num_devices=1)
@@ -168,25 +170,29 @@ async def client_exchanges(mode: str, port: int, n: int, dim: int, chunk_bytes: 
             reply, _ = await wire.read_envelope(stub.Exchange(iter(wire.chunked(envelope, chunk_bytes))), 64 << 20)
         downlink.receive(wire.single_tensor(reply, "model"), dim, 0, 1, i, 0)
 
-    for i in range(20):  # warm-up: connection, allocators
-        await one(i)
+    async def device(d: int, count: int) -> None:
+        for i in range(count):
+            await one(i, d)
+
+    await asyncio.gather(*(device(d, 20) for d in range(devices)))  # warm-up: connections, allocators
     s0 = server_cpu()
     if profile:
         profile.enable()
     start = _cpu()
     wall = time.perf_counter()
-    for i in range(n):
-        await one(i)
+    await asyncio.gather(*(device(d, n // devices) for d in range(devices)))
     cpu, wall = _cpu() - start, time.perf_counter() - wall
     if profile:
         profile.disable()
     s1 = server_cpu()
-    stream.close()
-    await chan.close()
+    for stream in streams:
+        stream.close()
+    for chan in chans:
+        await chan.close()
     return cpu, s1 - s0, wall
 
 
-def measure(mode: str, dim: int, n: int, chunk_bytes: int, profile: bool = False) -> dict:
+def measure(mode: str, dim: int, n: int, chunk_bytes: int, profile: bool = False, devices: int = 1) -> dict:
     ctx = mp.get_context("spawn")
     q, cmd = ctx.Queue(), ctx.Queue()
     server = ctx.Process(target=serve, args=(q, cmd, mode, dim, chunk_bytes), daemon=True)
@@ -200,12 +206,14 @@ def measure(mode: str, dim: int, n: int, chunk_bytes: int, profile: bool = False
         cmd.put("cpu")
         return q.get(timeout=30)
 
-    cpu, server_cpu, wall = asyncio.run(client_exchanges(mode, port, n, dim, chunk_bytes, server_cpu, prof))
+    n = n // devices * devices
+    cpu, server_cpu, wall = asyncio.run(client_exchanges(mode, port, n, dim, chunk_bytes, server_cpu, prof,
+                                                         devices))
     cmd.put("stop")
     server.join(10)
     if prof:
         pstats.Stats(prof).sort_stats("tottime").print_stats(18)
-    return {"mode": mode, "client_ms": 1000 * cpu / n, "server_ms": 1000 * server_cpu / n,
+    return {"mode": mode, "devices": devices, "client_ms": 1000 * cpu / n, "server_ms": 1000 * server_cpu / n,
             "total_ms": 1000 * (cpu + server_cpu) / n, "wall_ms": 1000 * wall / n}
 
 
@@ -217,15 +225,17 @@ def main() -> int:
     ap.add_argument("--chunk-kib", type=int, default=1024)
     ap.add_argument("--profile", action="store_true", help="cProfile the client side of one `session` run")
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--devices", type=int, default=1, help="devices exchanging at once in one client process, each on its "
+                    "own connection (a device host's share), the exchanges split among them")
     args = ap.parse_args()
     chunk = args.chunk_kib * 1024
     if args.profile:
-        print(json.dumps(measure("session", args.params, args.exchanges, chunk, profile=True)))
+        print(json.dumps(measure("session", args.params, args.exchanges, chunk, profile=True, devices=args.devices)))
         return 0
     runs = {"session": [], "unary": [], "streaming": [], "copying": []}
     for r in range(args.repeats):  # alternate, so that all see the same machine load
         for mode in ("copying", "streaming", "unary", "session"):
-            runs[mode].append(measure(mode, args.params, args.exchanges, chunk))
+            runs[mode].append(measure(mode, args.params, args.exchanges, chunk, devices=args.devices))
             print(json.dumps(runs[mode][-1]), flush=True)
     report = {m: {k: statistics.median(x[k] for x in rs) for k in ("client_ms", "server_ms", "total_ms", "wall_ms")}
               for m, rs in runs.items()}

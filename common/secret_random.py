@@ -160,6 +160,16 @@ class CipherGenerator:
         n, shape = _shape(size)
         return self._out(self._uniform(n), shape)
 
+    def below(self, n: int, p: float) -> np.ndarray:
+        """self.random(n) < p, the same booleans from the same words, in one comparison: u = k 2^-53 for the word's top
+        53 bits k, and k 2^-53 < p exactly when the word is below ceil(p 2^53) 2^11 (p 2^53 is exact in float64)."""
+        words = self.draws.words(n, np.uint64)  # used up whatever p is: the stream stays where random(n) leaves it
+        if not p > 0:
+            return np.zeros(n, bool)
+        if p >= 1:
+            return np.ones(n, bool)
+        return words < np.uint64(math.ceil(p * 2.0 ** 53) << 11)
+
     def standard_normal(self, size=None, dtype=np.float64):
         n, shape = _shape(size)
         k = -(-n // 2)

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from .sq import cell_position, check_bits, check_vector, dequantize_grid, step, vector_range
+from .sq import cell_floor, cell_position, check_bits, check_vector, coins, dequantize_grid, step, vector_range
 
 
 def check_epsilon1(epsilon1) -> float:
@@ -30,10 +30,12 @@ def nearest_probability(epsilon1: float) -> float:
 
 def dpsq_indices(x: np.ndarray, lo: float, hi: float, levels: int, epsilon1: float, rng: np.random.Generator
                  ) -> np.ndarray:
-    lower, frac = cell_position(x, lo, hi, levels)
-    nearest_is_lower = frac <= 0.5
-    take_nearest = rng.random(x.size) < nearest_probability(epsilon1)
-    return (lower + (take_nearest != nearest_is_lower)).astype(np.uint32)
+    lower, frac = cell_floor(x, lo, hi, levels)
+    # the upper level when the nearest is the upper one (frac > 1/2) and the coin says nearest, or the other way round
+    up = np.equal(frac > 0.5, coins(rng, x.size, nearest_probability(epsilon1)))
+    indices = lower.astype(np.uint32)
+    indices += up
+    return indices
 
 
 def dpsq_quantize(x, rng: np.random.Generator, bits: int, epsilon1: float, range_mode: str = "minmax",

@@ -64,16 +64,35 @@ def step(lo: float, hi: float, levels: int) -> float:
 def cell_position(x: np.ndarray, lo: float, hi: float, levels: int) -> tuple[np.ndarray, np.ndarray]:
     """(i, t): x lies in cell [q_i, q_{i+1}] at fraction t in [0, 1]; x == hi falls in the top cell with t = 1
     (digest P10); values outside [lo, hi] are clamped to it."""
+    lower, frac = cell_floor(x, lo, hi, levels)
+    return lower.astype(np.int64), frac
+
+
+def cell_floor(x: np.ndarray, lo: float, hi: float, levels: int) -> tuple[np.ndarray, np.ndarray]:
+    """cell_position with i as float64 (whole numbers): two arrays allocated, every other step in place, the same
+    floats as the step-by-step arithmetic."""
     delta = step(lo, hi, levels)
     if delta == 0:
-        return np.zeros(x.size, np.int64), np.zeros(x.size)
-    pos = (np.clip(x, lo, hi) - float(lo)) / delta
-    lower = np.minimum(np.floor(pos), levels - 2)
-    return lower.astype(np.int64), np.clip(pos - lower, 0.0, 1.0)
+        return np.zeros(x.size), np.zeros(x.size)
+    pos = np.clip(x, lo, hi)
+    pos -= float(lo)
+    pos /= delta
+    lower = np.floor(pos)
+    np.minimum(lower, levels - 2, out=lower)
+    pos -= lower
+    np.clip(pos, 0.0, 1.0, out=pos)
+    return lower, pos
 
 
 def dequantize_grid(indices: np.ndarray, lo: float, hi: float, levels: int) -> np.ndarray:
     return (float(lo) + np.asarray(indices, np.float64) * step(lo, hi, levels)).astype(np.float32)
+
+
+def coins(rng, n: int, p: float) -> np.ndarray:
+    """rng.random(n) < p: n coins of probability p, in one comparison of the keystream where rng has one (a DP
+    release's CipherGenerator.below, the same booleans)."""
+    below = getattr(rng, "below", None)
+    return below(n, p) if below is not None else rng.random(n) < p
 
 
 def sq_indices(x: np.ndarray, lo: float, hi: float, levels: int, rng: np.random.Generator) -> np.ndarray:

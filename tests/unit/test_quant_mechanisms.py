@@ -160,3 +160,47 @@ def test_bad_parameters_name_the_parameter():
         sq(x, rng, 4, range_mode="fixed")
     with pytest.raises(ValueError, match="finite"):
         sq(np.array([1.0, np.nan]), rng, 4)
+
+
+def _dpsq_indices_step_by_step(x, lo, hi, levels, eps1, rng):
+    """Eq. (6) as written, one array per step: the reference the in-place encode must equal bit for bit."""
+    delta = (float(hi) - float(lo)) / (levels - 1)
+    pos = (np.clip(x, lo, hi) - float(lo)) / delta
+    lower = np.minimum(np.floor(pos), levels - 2).astype(np.int64)
+    frac = np.clip(pos - lower, 0.0, 1.0)
+    take_nearest = rng.random(x.size) < nearest_probability(eps1)
+    return (lower + (take_nearest != (frac <= 0.5))).astype(np.uint32)
+
+
+@pytest.mark.parametrize("source", ["seeded-keystream", "numpy"])
+def test_dpsq_encode_equals_the_step_by_step_formula_bit_for_bit(source):
+    """The encode's in-place arithmetic and its coins from one comparison of the keystream words
+    (CipherGenerator.below) give the indices of eq. (6) computed step by step, for every width, eps1 = 0 and inf
+    included, ties, the range's ends and a constant vector."""
+    from hfl.common.quantization.dpsq import dpsq_indices
+    from hfl.common.quantization.sq import vector_range
+    from hfl.common.secret_random import dp_numpy_rng
+
+    def rng(k):
+        return (dp_numpy_rng("seeded", 7, "device", k, 3, 0, "encode") if source == "seeded-keystream"
+                else np.random.default_rng(k))
+
+    base = np.random.default_rng(1).normal(size=20_001)
+    for k, (bits, eps1) in enumerate([(1, 0.0), (2, 1e-6), (3, 0.7), (4, 3.0), (8, 40.0), (2, np.inf)]):
+        for x in (base, np.r_[base[:50], 0.0, -2.0, 2.0], np.full(7, 0.25)):
+            lo, hi = vector_range(x)
+            levels = 1 << bits
+            if float(hi) == float(lo):
+                continue  # one level: nothing to draw (the constant is sent)
+            got = dpsq_indices(x, lo, hi, levels, eps1, rng(k))
+            assert got.dtype == np.uint32
+            assert np.array_equal(got, _dpsq_indices_step_by_step(x, lo, hi, levels, eps1, rng(k))), (bits, eps1)
+
+
+def test_keystream_coins_equal_uniforms_below_p():
+    from hfl.common.secret_random import dp_numpy_rng
+
+    for p in (0.0, 2.0 ** -53, 1e-9, 0.25, 0.5, 0.7310585786300049, 1 - 2.0 ** -53, 1.0, float("nan")):
+        a, b = (dp_numpy_rng("seeded", 1, "device", 2, 0, "coins") for _ in range(2))
+        assert np.array_equal(a.below(50_000, p), b.random(50_000) < p), p
+        assert a.random(3).tolist() == b.random(3).tolist()  # both streams left at the same word

@@ -60,6 +60,10 @@ class Role:
         ctx = ray.get_runtime_context()
         return {"node_id": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(), "hostname": socket.gethostname()}
 
+    def ready(self) -> bool:
+        """Answered once the actor's worker is up (Starter.create)."""
+        return True
+
     def address(self, port_name: str, timeout: float = 120.0) -> str:
         import ray
 
@@ -86,9 +90,11 @@ class Role:
         except Exception:
             return None
 
-    def stop(self, grace: float = 10.0) -> int:
+    def stop(self, grace: float = 10.0) -> int | None:
         """SIGTERM to the role's process group, SIGKILL after `grace` (a stopped process, as under SIGSTOP, acts on
         nothing but SIGKILL)."""
+        if self.proc is None:  # interrupted before its process started
+            return None
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
@@ -287,33 +293,46 @@ class Starter:
         self.actors: dict[str, Any] = {}
         self.placed: dict[str, dict] = {}
 
-    def launch(self, i: int, name: str, args: list[str], env: dict, key: str | None = None, files=None) -> None:
+    def create(self, roles: list[tuple[str, str | None]]) -> None:
+        """Every role's actor, in its bundle, all at once, and alive before any process starts: a worker starting
+        under load takes seconds, and a resumed cloud gives an edge that is not back its rejoin grace only."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        flags, cert_files = tls_files(self.tls.get(key or name, []), pathlib.Path(self.certs)) if self.tls else ([], {})
-        self.actors[name] = self.ray.remote(Role).options(
-            num_cpus=self.cpus, num_gpus=self.gpus if i > self.cfg.topology.edges else 0,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=self.group,
-                                                                 placement_group_bundle_index=i)).remote()
-        self.placed[name] = self.ray.get(self.actors[name].start.remote(
-            name, args + flags, {**self.env, **env}, self.text, {**(files or {}), **cert_files}))
+        edges = self.cfg.topology.edges
+        for i, (name, _) in enumerate(roles):
+            self.actors[name] = self.ray.remote(Role).options(
+                num_cpus=self.cpus, num_gpus=self.gpus if i > edges else 0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=self.group,
+                                                                     placement_group_bundle_index=i)).remote()
+        self.ray.get([a.ready.remote() for a in self.actors.values()])
+
+    def launch(self, starts: list[tuple[str, list[str], dict, str | None, dict | None]]) -> None:
+        """Start these roles' processes at once: (name, args, env, the TLS key to use or None: its name, files)."""
+        calls = {}
+        for name, args, env, key, files in starts:
+            flags, cert_files = tls_files(self.tls.get(key or name, []), pathlib.Path(self.certs)) if self.tls \
+                else ([], {})
+            calls[name] = self.actors[name].start.remote(name, args + flags, {**self.env, **env}, self.text,
+                                                         {**(files or {}), **cert_files})
+        self.placed.update(zip(calls, self.ray.get(list(calls.values()))))
 
     def all(self, roles: list[tuple[str, str | None]], run_files: dict, resume: bool) -> None:
         from hfl.common import session, topology
 
         cfg, ray, edges = self.cfg, self.ray, self.cfg.topology.edges
-        self.launch(0, "cloud", ["cloud", "{dir}/run/config.toml" if resume else "{dir}/config.toml", "--listen",
-                                 "0.0.0.0:0", "--run-dir", "{dir}/run", "--port-file", "{dir}/ports/cloud"]
-                    + (["--resume"] if resume else []), {session.JOIN_ENV: self.join, "HFL_RELAY_SECRET": self.relay},
-                    files=run_files)
+        self.create(roles)
+        self.launch([("cloud", ["cloud", "{dir}/run/config.toml" if resume else "{dir}/config.toml", "--listen",
+                                "0.0.0.0:0", "--run-dir", "{dir}/run", "--port-file", "{dir}/ports/cloud"]
+                      + (["--resume"] if resume else []), {session.JOIN_ENV: self.join, "HFL_RELAY_SECRET": self.relay},
+                      None, run_files)])
         cloud = ray.get(self.actors["cloud"].address.remote("cloud"))
-        for i, (name, edge) in enumerate(roles[1:1 + edges], start=1):
-            self.launch(i, name, ["edge", "--id", edge, "--cloud", cloud, "--port-file", "{dir}/ports/" + edge,
-                                  "--listen", "0.0.0.0:0", "--metrics-listen", "127.0.0.1:0"]
-                        + (["--rejoin"] if resume else []), {session.JOIN_ENV: self.join})
-        edge_address = {edge: ray.get(self.actors[name].address.remote(edge)) for name, edge in roles[1:1 + edges]}
+        self.launch([(name, ["edge", "--id", edge, "--cloud", cloud, "--port-file", "{dir}/ports/" + edge, "--listen",
+                             "0.0.0.0:0", "--metrics-listen", "127.0.0.1:0"] + (["--rejoin"] if resume else []),
+                      {session.JOIN_ENV: self.join}, None, None) for name, edge in roles[1:1 + edges]])
+        edge_address = dict(zip([edge for _, edge in roles[1:1 + edges]],
+                                ray.get([self.actors[name].address.remote(edge) for name, edge in roles[1:1 + edges]])))
         members = [topology.edge_members(cfg, e) for e in range(edges)]
-        hosts = roles[1 + edges:]
+        hosts, starts = roles[1 + edges:], []
         for h, (name, edge) in enumerate(hosts):
             if cfg.topology.host_layout == "per_edge":
                 e, k = list(edge_address).index(edge), int(name.rsplit("-", 1)[1])
@@ -325,9 +344,9 @@ class Starter:
                 args = ["devices", *[a for e, addr in edge_address.items() for a in ("--edge", f"{e}={addr}")],
                         "--host-index", str(h), "--hosts", str(len(hosts))]
             token = session.host_token(self.join, topology.device_index(share[0]), topology.device_index(share[-1]))
-            self.launch(1 + edges + h, name, args, {session.HOST_ENV: token, "HFL_RELAY_SECRET": self.relay},
-                        key=name if cfg.topology.host_layout == "per_edge" else "devices")
-
+            starts.append((name, args, {session.HOST_ENV: token, "HFL_RELAY_SECRET": self.relay},
+                           name if cfg.topology.host_layout == "per_edge" else "devices", None))
+        self.launch(starts)
 
 def follow(ray, actors: dict[str, Any], out: pathlib.Path, resume: bool, say) -> int:
     """The run's rounds as they land (the cloud's metrics rows), until the cloud exits; then the other roles' exit.

@@ -1,4 +1,4 @@
-"""Benchmark (not a test). Run: python benchmarks/bench_cluster.py [--repeats 3] [--seeds 4]
+"""Benchmark (not a test). Run: python benchmarks/bench_cluster.py [--repeats 3] [--seeds 4] [--rounds 1]
 
 The same 8-run sweep (2 cells x 4 seeds of a tiny testbed: 1 edge x 2 devices, one device host, 1 round, mlp)
 locally with `--jobs 2` and with `--cluster` on a two-node Ray cluster on this machine's loopback (hfl.cluster_loopback.
@@ -43,7 +43,7 @@ name = "bench-cluster"
 config = "{root}/deploy/configs/default.toml"
 seeds = {seeds}
 [base]
-"run.rounds" = 1
+"run.rounds" = {rounds}
 "topology.edges" = 1
 "topology.devices_per_edge" = 2
 "topology.device_hosts" = 1
@@ -80,6 +80,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seeds", type=int, default=4, help="seeds a cell (2 cells): 4 = 8 runs")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds a run (1: half-second runs; more amortize the "
+                        "fixed cost of a sweep)")
     parser.add_argument("--report", help="also write the figures as markdown here (benchmarks/reports/...)")
     args = parser.parse_args()
     reason = cluster.loopback_unavailable()
@@ -87,7 +89,7 @@ def main() -> int:
         raise SystemExit(reason)
     with tempfile.TemporaryDirectory(prefix="bench-cluster-") as tmp:
         spec = pathlib.Path(tmp) / "spec.toml"
-        spec.write_text(SPEC.format(root=ROOT, seeds=list(range(args.seeds))))
+        spec.write_text(SPEC.format(root=ROOT, seeds=list(range(args.seeds)), rounds=args.rounds))
         wall = {"local": [], "cluster": []}
         runs = {"local": {"total_seconds": [], "startup_seconds": []},
                 "cluster": {"total_seconds": [], "startup_seconds": []}}
@@ -103,7 +105,7 @@ def main() -> int:
                     load.append(os.getloadavg()[0])
                     print(f"repeat {r} {kind}: {wall[kind][-1]:.1f} s (load {load[-1]:.1f})", flush=True)
     med = {k: statistics.median(v) for k, v in wall.items()}
-    report = {"runs": 2 * args.seeds, "repeats": args.repeats, "wall_seconds": wall,
+    report = {"runs": 2 * args.seeds, "rounds": args.rounds, "repeats": args.repeats, "wall_seconds": wall,
               "median_wall_seconds": med, "ratio_cluster_to_local": med["cluster"] / med["local"],
               "per_run_median": {k: {key: statistics.median(v) for key, v in d.items()} for k, d in runs.items()},
               "load_average_1min": load}
@@ -117,7 +119,8 @@ def write_report(path: pathlib.Path, report: dict) -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
     med, per = report["median_wall_seconds"], report["per_run_median"]
     lines = [f"# Cluster sweep overhead ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})", "",
-             f"`python benchmarks/bench_cluster.py --repeats {report['repeats']} --seeds {report['runs'] // 2}`, commit "
+             f"`python benchmarks/bench_cluster.py --repeats {report['repeats']} --seeds {report['runs'] // 2} "
+             f"--rounds {report['rounds']}`, commit "
              f"{commit.strip() or '?'} (plus the working tree), {os.cpu_count()} cores shared with other work (1-minute "
              f"load average {min(report['load_average_1min']):.1f}-{max(report['load_average_1min']):.1f} after each "
              f"sweep): the same {report['runs']}-run sweep locally with `--jobs 2` and on a two-node loopback Ray "

@@ -233,3 +233,19 @@ def test_a_call_through_the_spawner_returns_its_result_and_raises_its_error(kind
             call(spawn_target.fail_unpicklably)
         with pytest.raises(node_spawn.CallFailed, match="exit 3"):
             call(os._exit, 3)
+
+
+def test_the_launcher_itself_starts_with_one_blas_thread():
+    """`hfl` shares the cores with its nodes: its own OpenBLAS and OpenMP pools are one thread unless the user's
+    environment says otherwise (set before numpy's import, which reads them once)."""
+    code = ("import json, os, hfl.cli, numpy\n"
+            "try:\n    import threadpoolctl\n    pools = [i['num_threads'] for i in threadpoolctl.threadpool_info()]\n"
+            "except ImportError:\n    pools = None\n"
+            "print(json.dumps([os.environ['OPENBLAS_NUM_THREADS'], os.environ['OMP_NUM_THREADS'], pools]))")
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=True)
+    blas, omp, pools = json.loads(out.stdout)
+    assert (blas, omp) == ("1", "1") and (pools is None or set(pools) == {1})
+    out = subprocess.run([sys.executable, "-c", code], env={**env, "OPENBLAS_NUM_THREADS": "2"}, capture_output=True,
+                         text=True, timeout=120, check=True)
+    assert json.loads(out.stdout)[0] == "2"

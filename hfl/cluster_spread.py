@@ -19,6 +19,7 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -234,21 +235,22 @@ def run_spread(config, overrides, out, address: str, quiet: bool = False, cpus_p
     start = Starter(ray, group, cfg, cpus_per_role, gpus, tls, certs)
     say = (lambda *a: None) if quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     code = 1
-    try:
-        start.all(roles, run_files, resume)
-        say(f"run {cfg.run.name} on {address}: " + ", ".join(f"{n} on {p['ip']}/{p['node_id'][:8]}"
-                                                            for n, p in start.placed.items()))
-        code = follow(ray, start.actors, out, resume, say)
-    except KeyboardInterrupt:  # Ctrl-C: every role stopped, what they wrote brought back, then the way on
-        code = 130
-        say(f"interrupted: stopping the run's {len(start.actors)} processes (at most {STOP_BUDGET_S:.0f} s)")
-    finally:
-        lost = bring_back(ray, start.actors, out)
-        remove_placement_group(group)
-        if out.is_dir():
-            (out / "placement.json").write_text(json.dumps(start.placed, indent=1) + "\n")
-        if lost:
-            say(f"not brought back (lost with their node, or past {STOP_BUDGET_S:.0f} s): {', '.join(lost)}")
+    with interrupts() as stop:
+        try:
+            start.all(roles, run_files, resume, stop)
+            say(f"run {cfg.run.name} on {address}: " + ", ".join(f"{n} on {p['ip']}/{p['node_id'][:8]}"
+                                                                for n, p in start.placed.items()))
+            code = follow(ray, start.actors, out, resume, say, stop)
+        except KeyboardInterrupt:  # Ctrl-C: every role stopped, what they wrote brought back, then the way on
+            code = 130
+            say(f"interrupted: stopping the run's {len(start.actors)} processes (at most {STOP_BUDGET_S:.0f} s)")
+        finally:
+            lost = bring_back(ray, start.actors, out)
+            remove_placement_group(group)
+            if out.is_dir():
+                (out / "placement.json").write_text(json.dumps(start.placed, indent=1) + "\n")
+            if lost:
+                say(f"not brought back (lost with their node, or past {STOP_BUDGET_S:.0f} s): {', '.join(lost)}")
     say(f"run directory: {out}")
     if code == 130 and not (out / "summary.json").is_file():
         print(f"interrupted; continue this run with:\n  hfl run --resume {out} --cluster {address}"
@@ -316,7 +318,8 @@ class Starter:
                                                          {**(files or {}), **cert_files})
         self.placed.update(zip(calls, self.ray.get(list(calls.values()))))
 
-    def all(self, roles: list[tuple[str, str | None]], run_files: dict, resume: bool) -> None:
+    def all(self, roles: list[tuple[str, str | None]], run_files: dict, resume: bool,
+            stop: threading.Event | None = None) -> None:
         from hfl.common import session, topology
 
         cfg, ray, edges = self.cfg, self.ray, self.cfg.topology.edges
@@ -326,11 +329,13 @@ class Starter:
                       + (["--resume"] if resume else []), {session.JOIN_ENV: self.join, "HFL_RELAY_SECRET": self.relay},
                       None, run_files)])
         cloud = ray.get(self.actors["cloud"].address.remote("cloud"))
+        interrupted(stop)
         self.launch([(name, ["edge", "--id", edge, "--cloud", cloud, "--port-file", "{dir}/ports/" + edge, "--listen",
                              "0.0.0.0:0", "--metrics-listen", "127.0.0.1:0"] + (["--rejoin"] if resume else []),
                       {session.JOIN_ENV: self.join}, None, None) for name, edge in roles[1:1 + edges]])
         edge_address = dict(zip([edge for _, edge in roles[1:1 + edges]],
                                 ray.get([self.actors[name].address.remote(edge) for name, edge in roles[1:1 + edges]])))
+        interrupted(stop)
         members = [topology.edge_members(cfg, e) for e in range(edges)]
         hosts, starts = roles[1 + edges:], []
         for h, (name, edge) in enumerate(hosts):
@@ -348,12 +353,14 @@ class Starter:
                            name if cfg.topology.host_layout == "per_edge" else "devices", None))
         self.launch(starts)
 
-def follow(ray, actors: dict[str, Any], out: pathlib.Path, resume: bool, say) -> int:
+def follow(ray, actors: dict[str, Any], out: pathlib.Path, resume: bool, say, stop: threading.Event | None = None
+           ) -> int:
     """The run's rounds as they land (the cloud's metrics rows), until the cloud exits; then the other roles' exit.
     Returns the cloud's exit code."""
     done = out / "metrics.jsonl"  # a resumed run's rounds before this part: not shown again
     seen = len(done.read_text().splitlines()) if resume and done.is_file() else 0
     while True:
+        interrupted(stop)
         rows, code = ray.get(actors["cloud"].rows.remote(seen))
         for line in rows:
             row = json.loads(line)
@@ -361,9 +368,41 @@ def follow(ray, actors: dict[str, Any], out: pathlib.Path, resume: bool, say) ->
         seen += len(rows)
         if code is not None:
             break
-        time.sleep(1.0)
+        if stop is not None and stop.wait(1.0):
+            raise KeyboardInterrupt
+        if stop is None:
+            time.sleep(1.0)
     ray.get([a.wait.remote(60) for n, a in actors.items() if n != "cloud"])
     return code
+
+@contextlib.contextmanager
+def interrupts():
+    """Ctrl-C (SIGINT) and SIGTERM during a spread run: an Event that the run checks between its Ray calls, and a
+    KeyboardInterrupt where Python raises one. Ray's calls run Python's signal handlers from inside, and one of them
+    can drop the KeyboardInterrupt the default handler raises (seen: a driver polling its cloud went on for minutes
+    after Ctrl-C, under a full test suite's load); the Event is set whatever becomes of the exception. Off the main
+    thread (where handlers cannot be set) the Event is never set and Ctrl-C acts as Python's default does."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def handler(signum, frame):
+        stop.set()
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def interrupted(stop: threading.Event | None) -> None:
+    if stop is not None and stop.is_set():
+        raise KeyboardInterrupt
+
 
 def bring_back(ray, actors: dict[str, Any], out: pathlib.Path, budget: float = STOP_BUDGET_S) -> list[str]:
     """Every role stopped at once and its directory brought back into `out` (the cloud's run directory, every role's

@@ -301,7 +301,7 @@ def node_call(address: str, runs, table: dict):
     starting a worker, and a forkserver, of its own."""
     ray = connect(address)
     cpus = min(min(resources(run, table)["cpus"] for run in runs), min(n["cpus"] for n in alive_nodes(ray).values()))
-    remote = ray.remote(_call_on_node).options(num_cpus=cpus, max_retries=0, name="hfl-preflight")
+    remote = ray.remote(_call_on_node).options(num_cpus=cpus, max_retries=2, name="hfl-preflight")  # lost: again
 
     def call(fn, *args):
         ok, value = ray.get(remote.remote(fn, *args))

@@ -360,7 +360,8 @@ def test_a_run_lost_with_its_node_is_retried_and_the_sweep_finishes(cluster, tmp
 
 
 def _runs_a_task(raylet: int) -> bool:
-    """Whether one of the raylet's workers runs a run (a busy worker is titled ray::TASK_NAME: hfl-SPEC-CELL-seed-S)."""
+    """Whether one of the raylet's workers runs a run of the `tiny` spec (a busy worker is titled ray::TASK_NAME:
+    hfl-SPEC-CELL-seed-S)."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -369,8 +370,8 @@ def _runs_a_task(raylet: int) -> bool:
             title = pathlib.Path(f"/proc/{entry}/cmdline").read_bytes()
         except OSError:
             continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == raylet and title.startswith(b"ray::hfl-") \
-                and not title.startswith(b"ray::hfl-warm-up"):  # a worker made ready before the runs, not a run
+        # a run's task is titled hfl-SPEC-..., not hfl-warm-up (a worker made ready) or hfl-preflight (a model check)
+        if int(stat.rsplit(")", 1)[1].split()[1]) == raylet and title.startswith(b"ray::hfl-tiny-"):
             return True
     return False
 

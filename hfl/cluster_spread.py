@@ -318,8 +318,7 @@ class Starter:
                                                          {**(files or {}), **cert_files})
         self.placed.update(zip(calls, self.ray.get(list(calls.values()))))
 
-    def all(self, roles: list[tuple[str, str | None]], run_files: dict, resume: bool,
-            stop: threading.Event | None = None) -> None:
+    def all(self, roles: list[tuple[str, str | None]], run_files: dict, resume: bool, stop: threading.Event) -> None:
         from hfl.common import session, topology
 
         cfg, ray, edges = self.cfg, self.ray, self.cfg.topology.edges
@@ -353,8 +352,7 @@ class Starter:
                            name if cfg.topology.host_layout == "per_edge" else "devices", None))
         self.launch(starts)
 
-def follow(ray, actors: dict[str, Any], out: pathlib.Path, resume: bool, say, stop: threading.Event | None = None
-           ) -> int:
+def follow(ray, actors: dict[str, Any], out: pathlib.Path, resume: bool, say, stop: threading.Event) -> int:
     """The run's rounds as they land (the cloud's metrics rows), until the cloud exits; then the other roles' exit.
     Returns the cloud's exit code."""
     done = out / "metrics.jsonl"  # a resumed run's rounds before this part: not shown again
@@ -368,10 +366,8 @@ def follow(ray, actors: dict[str, Any], out: pathlib.Path, resume: bool, say, st
         seen += len(rows)
         if code is not None:
             break
-        if stop is not None and stop.wait(1.0):
+        if stop.wait(1.0):
             raise KeyboardInterrupt
-        if stop is None:
-            time.sleep(1.0)
     ray.get([a.wait.remote(60) for n, a in actors.items() if n != "cloud"])
     return code
 
@@ -399,8 +395,8 @@ def interrupts():
             signal.signal(sig, old)
 
 
-def interrupted(stop: threading.Event | None) -> None:
-    if stop is not None and stop.is_set():
+def interrupted(stop: threading.Event) -> None:
+    if stop.is_set():
         raise KeyboardInterrupt
 
 

@@ -26,9 +26,12 @@ round, between the checkpoints that bound the timed rounds (the work between rou
 do not) / the reference's median round (rounds after the first); start-up (launch to round 0, from the first
 checkpoint) and the peak summed PSS of every process of the testbed.
 
---mechanism-reference (workloads with local DP-SGD phases: 002) makes the reference run each device's DP-SGD(-WAV)
-steps as its host does (privacy.dpsgd.dp_sgd with the phase's lots, clip and scope) instead of plain SGD, so the
-ratio measures the emulator alone, not the mechanism's own cost (which bench_dpsgd.py measures against plain SGD).
+--mechanism-reference (000, 002, 004) makes the reference run the workload's mechanism with the functions its nodes
+run, instead of plain SGD, so the ratio measures the emulator alone (its messages, sessions, checks, emulated clock
+and channel), not the mechanism's own cost: 002 each device's DP-SGD(-WAV) phases (privacy.dpsgd.dp_sgd with the
+phase's lots, clip and scope; bench_dpsgd.py measures it against plain SGD); 000 each device's clipped local SGD
+phases and, behind the untrusted half of the edges, its Gaussian noise at every model sync; 004 each drawn device's
+update through the uplink (l1 clip, DP-SQ encode at its group's bits) and the fusion center's decode and AWGN.
 """
 from __future__ import annotations
 
@@ -117,42 +120,111 @@ def _dp_phases(cfg) -> list[dict]:
 
 
 def _mechanism_setup(cfg, shards, mean, std) -> tuple[str, list[dict], list]:
-    """What the mechanism reference needs, made once before the timed rounds: the mechanism's name, the round plan's
+    """What the DP-SGD reference needs, made once before the timed rounds: the mechanism's name, the round plan's
     local_dp_sgd phases and each device's Shard (as its host holds them)."""
     from hfl.common.privacy.algorithms import ALGORITHMS
-    from hfl.device_client.training import make_shard
 
     mechanism = ALGORITHMS.get(cfg.run.algorithm).noise or cfg.privacy.mechanism
+    return mechanism, _dp_phases(cfg), _device_shards(shards, mean, std)
+
+
+def _device_shards(shards, mean, std) -> list:
+    from hfl.device_client.training import make_shard
+
     mean, std = mean.reshape(-1).tolist(), std.reshape(-1).tolist()
-    return mechanism, _dp_phases(cfg), [make_shard(x.numpy(), y.numpy(), mean, std) for x, y in shards]
+    return [make_shard(x.numpy(), y.numpy(), mean, std) for x, y in shards]
 
 
-def _mechanism_steps(cfg, model, state: dict, shard, mechanism: str, phases: list[dict], device: int,
-                     rnd: int) -> None:
-    """One device's round of the mechanism itself, as its host runs it (privacy.dpsgd.dp_sgd on the phase's
-    lots, clip and wavelet scope, the lots and noise from the AES-CTR keystream), into `model`. The noise multiplier
-    is 1: the cloud calibrates it, and its value does not change the cost."""
+def _dp_sgd_round(cfg, shards, mean, std, work):
+    """002: each device's DP-SGD(-WAV) phases as its host runs them (privacy.dpsgd.dp_sgd on the phase's lots, clip
+    and wavelet scope, the lots and noise from the AES-CTR keystream). The noise multiplier is 1: the cloud calibrates
+    it, and its value does not change the cost."""
     from hfl.common.models import get_flat, set_flat
     from hfl.common.privacy import optimizers
     from hfl.common.privacy.dpsgd import dp_sgd
     from hfl.common.secret_random import dp_draws
 
-    model.load_state_dict(state)
-    w = get_flat(model)
-    for step, p in enumerate(phases):
-        clips = [p[f"clip_{j}"] for j in range(len(p)) if f"clip_{j}" in p]
-        w, _, _ = dp_sgd(model, w, shard, float(p["lr"]), int(p["steps"]), float(p["q"]), float(p["clip"]), 1.0,
-                         mechanism, dp_draws("seeded", cfg.run.seed, "device", device, rnd, step, "dp_sgd", 0),
-                         lot="fixed" if p.get("fixed") else "poisson", calibration=cfg.privacy.calibration,
-                         layer_bounds=clips or None, wavelet_scope="per_layer" if p.get("per_layer") else "flat",
-                         optimizer=optimizers.from_code(p.get("optimizer", optimizers.code("sgd"))))
-    set_flat(model, w)
+    mechanism, phases, dev_shards = _mechanism_setup(cfg, shards, mean, std)
+
+    def one(model, state: dict, i: int, device: int, rnd: int) -> None:
+        model.load_state_dict(state)
+        w = get_flat(model)
+        for step, p in enumerate(phases):
+            clips = [p[f"clip_{j}"] for j in range(len(p)) if f"clip_{j}" in p]
+            w, _, _ = dp_sgd(model, w, dev_shards[i], float(p["lr"]), int(p["steps"]), float(p["q"]), float(p["clip"]),
+                             1.0, mechanism, dp_draws("seeded", cfg.run.seed, "device", device, rnd, step, "dp_sgd", 0),
+                             lot="fixed" if p.get("fixed") else "poisson", calibration=cfg.privacy.calibration,
+                             layer_bounds=clips or None, wavelet_scope="per_layer" if p.get("per_layer") else "flat",
+                             optimizer=optimizers.from_code(p.get("optimizer", optimizers.code("sgd"))))
+        set_flat(model, w)
+    return one
 
 
-def _worker(cfg, share: int, shares: int, active: int, conn, mechanism: bool = False) -> None:
+def _clipped_noised_round(cfg, shards, mean, std, work):
+    """000: each device's local_sgd phases as its host runs them (every minibatch gradient clipped to the phase's
+    clip), and at each model sync the Gaussian noise of a device behind an untrusted edge (every other edge here, the
+    trusted fraction 0.5) from a fresh AES-CTR keystream, as its release draws it."""
+    from hfl.common.models import get_flat, set_flat
+    from hfl.common.secret_random import dp_numpy_rng
+    from hfl.device_client.training import local_sgd
+
+    dev_shards = _device_shards(shards, mean, std)
+    plan = plans.build_plan(cfg)
+
+    def one(model, state: dict, i: int, device: int, rnd: int) -> None:
+        model.load_state_dict(state)
+        w = anchor = get_flat(model)
+        noisy = (device // cfg.topology.devices_per_edge) % 2 == 1
+        for step, phase in enumerate(plan):
+            p = phase.params
+            if phase.kind == plans.LOCAL_SGD:
+                w, _, _ = local_sgd(model, w, dev_shards[i], float(p["lr"]), cfg.train.batch_size,
+                                    torch_generator(cfg.run.seed, "device", device, rnd, step, "batches"),
+                                    steps=int(p["steps"]), clip=float(p.get("clip", 0.0)))
+            elif phase.kind == plans.EDGE_MODEL_SYNC and noisy:
+                rng = dp_numpy_rng("seeded", cfg.run.seed, "device", device, rnd, step, "dp_noise", 0)
+                w = anchor + (w - anchor + rng.normal(0.0, cfg.privacy.clip, len(w)).astype("float32"))
+                anchor = w
+        set_flat(model, w)
+    return one
+
+
+def _dpsq_round(cfg, shards, mean, std, work):
+    """004: each drawn device's plain SGD steps, then its update through the device's uplink as its host sends it
+    (the l1 clip, the DP-SQ encode at its group's bits and epsilon1 on the AES-CTR keystream, the packing) and the
+    fusion center's receive (the decode, the AWGN of the device's group)."""
+    from hfl.common.models import get_flat, set_flat
+    from hfl.common.pipeline import Link, StageRef
+    from hfl.device_client.training import local_sgd
+
+    dev_shards = _device_shards(shards, mean, std)
+    link = Link.device_uplink(cfg)
+    p = cfg.precision
+    bounds = [sum(p.group_sizes[:g + 1]) for g in range(len(p.group_sizes))]
+
+    def one(model, state: dict, i: int, device: int, rnd: int) -> None:
+        model.load_state_dict(state)
+        w0 = get_flat(model)
+        steps, batch = work[i]
+        w, _, _ = local_sgd(model, w0, dev_shards[i], cfg.train.lr, batch,
+                            torch_generator(cfg.run.seed, "device", device, rnd, 0, "batches"), steps=steps)
+        spread = device * cfg.num_devices // max(1, p.participants or cfg.num_devices)  # the drawn span all groups
+        g = next(k for k, b in enumerate(bounds) if spread < b)
+        tensor, _ = link.send(w - w0, "delta", cfg.run.seed, device, rnd, 0,
+                              {"encode": {"bits": p.bits[g], "epsilon1": p.epsilon1[g]}})
+        y, _ = link.receive(tensor, len(w0), cfg.run.seed, device, rnd, 0,
+                            StageRef("channel", "awgn", {"std": p.link_std[g]}))
+        set_flat(model, w0 + y)
+    return one
+
+
+MECHANISMS = {"002": _dp_sgd_round, "000": _clipped_noised_round, "004": _dpsq_round}
+
+
+def _worker(cfg, share: int, shares: int, active: int, conn, mechanism: str | None = None) -> None:
     torch.set_num_threads(1)
     shards, work, model, mean, std = _setup(cfg, share, shares, active)
-    dp = _mechanism_setup(cfg, shards, mean, std) if mechanism else None
+    device_round = MECHANISMS[mechanism](cfg, shards, mean, std, work) if mechanism else None
     first = share * active // shares  # the index of this share's first device
     gen = torch.Generator().manual_seed(share)
     opt = torch.optim.SGD(model.parameters(), lr=cfg.train.lr)
@@ -163,19 +235,16 @@ def _worker(cfg, share: int, shares: int, active: int, conn, mechanism: bool = F
         acc = {k: torch.zeros_like(v) for k, v in state.items()}
         total = 0
         for i, ((x_u8, y), (steps, batch)) in enumerate(zip(shards, work)):
-            if dp:
-                _mechanism_steps(cfg, model, state, dp[2][i], dp[0], dp[1], first + i, rnd)
-                for k, v in model.state_dict().items():
-                    acc[k] += len(y) * v
-                total += len(y)
-                continue
-            model.load_state_dict(state)
-            for _ in range(steps):
-                idx = torch.randperm(len(y), generator=gen)[:batch]
-                x = x_u8[idx].float().div_(255).sub_(mean).div_(std)
-                opt.zero_grad()
-                F.cross_entropy(model(x), y[idx]).backward()
-                opt.step()
+            if device_round:
+                device_round(model, state, i, first + i, rnd)
+            else:
+                model.load_state_dict(state)
+                for _ in range(steps):
+                    idx = torch.randperm(len(y), generator=gen)[:batch]
+                    x = x_u8[idx].float().div_(255).sub_(mean).div_(std)
+                    opt.zero_grad()
+                    F.cross_entropy(model(x), y[idx]).backward()
+                    opt.step()
             for k, v in model.state_dict().items():
                 acc[k] += len(y) * v
             total += len(y)
@@ -183,10 +252,10 @@ def _worker(cfg, share: int, shares: int, active: int, conn, mechanism: bool = F
         conn.send((acc, total, time.process_time() - cpu))
 
 
-def reference_round_seconds(cfg, rounds: int, active: int, processes: int = 2, mechanism: bool = False
+def reference_round_seconds(cfg, rounds: int, active: int, processes: int = 2, mechanism: str | None = None
                             ) -> tuple[list[float], list[float]]:
     """(wall seconds, CPU seconds summed over the processes) of each round of the plain reference (with `mechanism`,
-    each device's DP-SGD steps as its host runs them instead of plain SGD)."""
+    the workload's mechanism as its nodes run it instead of plain SGD: MECHANISMS)."""
     ctx = mp.get_context("spawn")
     pipes, procs = [], []
     for i in range(processes):
@@ -232,12 +301,12 @@ def bench(name: str, rounds: int, repeats: int, extra: list[str], reference: boo
     path, overrides = workload_config(name, rounds, extra)
     cfg = config_mod.load(path, overrides)
     active = cfg.precision.participants if name == "004" and cfg.precision.participants else cfg.num_devices
-    if mechanism and not _dp_phases(cfg):
-        raise SystemExit(f"--mechanism-reference: workload {name} ({cfg.run.algorithm}) has no local_dp_sgd phase")
+    if mechanism and name not in MECHANISMS:
+        raise SystemExit(f"--mechanism-reference: workload {name} has none (only {', '.join(sorted(MECHANISMS))})")
     reps = []
 
     def plain() -> tuple[float, float]:
-        walls, cpus = reference_round_seconds(cfg, max(2, rounds), active, mechanism=mechanism)
+        walls, cpus = reference_round_seconds(cfg, max(2, rounds), active, mechanism=name if mechanism else None)
         return statistics.median(walls[1:]), statistics.median(cpus[1:])
 
     for i in range(repeats):
@@ -374,8 +443,8 @@ def write_report(path: pathlib.Path, report: dict, args) -> None:
                 "rounds 2 on, evaluation only of rounds 0 and the last (the reference evaluates nothing)")
              + "; wall time and CPU per round between the checkpoints that bound the timed rounds (every round's "
              f"own task-to-aggregate time is listed apart); repeats: {args.repeats}",
-             "- reference: " + ("each device's DP-SGD(-WAV) steps as its host runs them (--mechanism-reference): the "
-                                "ratio is the emulator's own cost" if args.mechanism_reference else
+             "- reference: " + ("the workload's mechanism with the functions its nodes run (--mechanism-reference: "
+                                "bench_workloads.py's MECHANISMS): the ratio is the emulator's own cost" if args.mechanism_reference else
                                 "plain SGD, no mechanism"), "",
              "| workload | config (+ overrides) | seed | topology | model | round (s) | reference (s) | wall ratio | "
              "CPU a round (s) | reference CPU (s) | CPU ratio | every round's own (s) | start-up (s) | peak PSS (GiB) | "
@@ -418,7 +487,7 @@ def main() -> int:
     parser.add_argument("--emulator-only", action="store_true", help="no reference: the emulator's round times only")
     parser.add_argument("--report", help="write a markdown report (command, commit, seeds, load) here")
     parser.add_argument("--mechanism-reference", action="store_true",
-                        help="the reference runs each device's DP-SGD(-WAV) steps as its host does (002), instead of "
+                        help="the reference runs the workload's mechanism as its nodes do (000, 002, 004), instead of "
                              "plain SGD: the ratio is then the emulator's own cost, the mechanism's excluded")
     args = parser.parse_args()
     report = {}

@@ -53,6 +53,7 @@ class CloudServer(Gate, pbg.CloudServiceServicer):
     rows = property(lambda self: self.driver.rows)
     stop_reason = property(lambda self: self.driver.stop_reason)
     edges = property(lambda self: self.roster.edges)
+    members = property(lambda self: self.roster.edges)  # the nodes below it (Gate)
     live = property(lambda self: self.roster.live)
     started = property(lambda self: self.roster.started)
     ready = property(lambda self: self.roster.ready)
@@ -91,9 +92,9 @@ class CloudServer(Gate, pbg.CloudServiceServicer):
         if self.admit is not None:
             self.admit(context, node, self.edges)  # mutual TLS: the certificate must name `node`
 
-    def _authenticate(self, context, node: str) -> str:
+    def _authenticate(self, context, node: str, token: str | None = None) -> str:
         self._check_edge(context, node)
-        return self.live.sessions.check(context, node)
+        return self.live.sessions.check(context, node, token)
 
     async def Register(self, request: pb.RegisterRequest, context) -> pb.RegisterReply:
         node = request.node_id

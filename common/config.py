@@ -139,6 +139,9 @@ class NetSection:
                                            "after registering (its Register reply was lost): then the session ends, as "
                                            "when a presence stream ends", min=0.1)
     max_samples_per_device: int = doc(10_000_000, "largest sample count a device may claim at registration", min=1)
+    host_fetch: bool = doc(True, "a device host fetches each round's task once per edge for all its devices of that "
+                                 "edge (each still counted as fetching it, each uploading on its own connection); false: "
+                                 "each device fetches its own (with a certificate per device, each always does)")
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,8 @@ def route(edges: list[str], addresses: list[str]) -> dict[str, str]:
 
 
 class SharedCredentials:
+    shared = True  # one call's credentials cover every device of the host: one fetch may speak for several
+
     def __init__(self, credentials=None, override_host: str | None = None):
         self.credentials = credentials
         self.override_host = override_host
@@ -73,6 +75,8 @@ class SharedCredentials:
 
 
 class DeviceCredentials:
+    shared = False  # a call covers only the device whose certificate it presents
+
     def __init__(self, ca_pem: bytes, manifest: device_certs.Manifest, override_host: str | None = None,
                  source: str = "the manifest"):
         self.ca_pem = ca_pem

@@ -15,7 +15,7 @@ from hfl.proto import hfl_v1_pb2 as pb
 
 from . import wire
 from .session import Sessions
-from .validate import truncate
+from .validate import short, truncate
 
 log = logging.getLogger("hfl.service")
 
@@ -64,12 +64,15 @@ class RoundBoard:
             self.idle = frozenset(idle)
             self._cond.notify_all()
 
-    async def wait_after(self, after: int, after_attempt: int = 0, node: str = "") -> tuple[int, list[pb.Chunk], int]:
-        """The first task later than (after, after_attempt) that draws `node` (a new round, or a restart of the same
-        one), or the final task."""
+    async def wait_after(self, after: int, after_attempt: int = 0, node: str | Iterable[str] = ""
+                         ) -> tuple[int, list[pb.Chunk], int]:
+        """The first task later than (after, after_attempt) that draws `node` (or any of several: a device host's one
+        fetch for its devices, each of which sits out a task that does not draw it) (a new round, or a restart of the
+        same one), or the final task."""
+        nodes = {node} if isinstance(node, str) else set(node)
         async with self._cond:
             await self._cond.wait_for(lambda: (self.finished and self.round >= 0) or (
-                (self.round, self.attempt) > (after, after_attempt) and node not in self.idle))
+                (self.round, self.attempt) > (after, after_attempt) and not nodes <= self.idle))
             return self.round, self.chunks, self.size
 
     async def wait_fetched(self, round_: int, members: set[str], timeout: float) -> set[str]:
@@ -84,9 +87,9 @@ class RoundBoard:
             pass
         return members - self.fetched[round_]
 
-    async def mark_fetched(self, round_: int, node: str) -> None:
+    async def mark_fetched(self, round_: int, nodes: Iterable[str]) -> None:
         async with self._cond:
-            self.fetched[round_].add(node)
+            self.fetched[round_].update(nodes)
             self._cond.notify_all()
 
 
@@ -114,8 +117,9 @@ class Guarded:
 class Gate(Guarded):
     """The prologue cloud and edge share: presence streams and round fetches of authenticated nodes.
 
-    A server provides `_authenticate(context, node) -> token` (raises WireError), `live`, `board`, `round`, `stop`,
-    `refusals` and `bytes_down`; `fetching(node)` is its hook on every fetch."""
+    A server provides `_authenticate(context, node, token=None) -> token` (raises WireError; the token from the
+    call's metadata unless given), `live`, `board`, `round`, `stop`, `refusals`, `bytes_down` and `members` (the nodes below
+    it: at most as many as one fetch may name); `fetching(node)` is its hook on every fetch."""
 
     async def Presence(self, request, context) -> None:
         try:
@@ -126,16 +130,32 @@ class Gate(Guarded):
 
     async def FetchRound(self, request, context):
         try:
-            self._authenticate(context, request.node_id)
+            nodes = self._fetchers(request, context)
         except wire.WireError as exc:
             await refuse(context, self.refusals, exc)
-        self.fetching(request.node_id)
-        round_, chunks, size = await self.board.wait_after(request.after_round, request.after_attempt,
-                                                            request.node_id)
+        for node in nodes:
+            self.fetching(node)
+        round_, chunks, size = await self.board.wait_after(request.after_round, request.after_attempt, nodes)
         for chunk in chunks:
             yield chunk
-        self.bytes_down += size
-        await self.board.mark_fetched(round_, request.node_id)
+        self.bytes_down += size * len(nodes)  # what each node received (a host's one fetch serves several)
+        await self.board.mark_fetched(round_, nodes)
+
+    def _fetchers(self, request: pb.FetchRequest, context) -> list[str]:
+        """The caller and the nodes it fetches for (`also`), each authenticated as its own call would be: a member,
+        covered by the call's credentials, with its live session's token; named once each."""
+        self._authenticate(context, request.node_id)
+        nodes = [request.node_id]
+        if len(request.also) >= len(self.members):
+            raise wire.WireError(grpc.StatusCode.INVALID_ARGUMENT, f"a fetch for {len(request.also) + 1} nodes: "
+                                 f"at most {len(self.members)} are below this server", "malformed")
+        for entry in request.also:
+            if entry.node_id in nodes:
+                raise wire.WireError(grpc.StatusCode.INVALID_ARGUMENT, f"a fetch names {short(entry.node_id)} twice",
+                                     "malformed")
+            self._authenticate(context, entry.node_id, entry.session_token)
+            nodes.append(entry.node_id)
+        return nodes
 
     def fetching(self, node: str) -> None:
         """A node asks for its next round (the cloud counts an edge ready)."""

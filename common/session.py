@@ -170,8 +170,10 @@ class Sessions:
         del self._nonces[node]
         return True
 
-    def check(self, context, node: str) -> str:
-        token = token_of(context)
+    def check(self, context, node: str, token: str | None = None) -> str:
+        """`node`'s live session token, from the call's metadata (or `token`, a host's fetch naming it): refused if
+        it is not the node's live session's."""
+        token = token_of(context) if token is None else token
         current = self._tokens.get(node)
         if current is None or not token or not hmac.compare_digest(current.encode(), token.encode()):
             why = "no session token" if not token else "a session token that is not its own"

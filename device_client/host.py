@@ -23,7 +23,7 @@ from hfl.common.upstream import Upstream
 from hfl.proto import hfl_v1_pb2 as pb
 from hfl.proto import hfl_v1_pb2_grpc as pbg
 
-from . import phases
+from . import feed, phases
 from .phases import encode_overrides
 from .modes import DevicePorts
 from .trainer import Trainer, device_shards
@@ -42,13 +42,13 @@ class Device:
         self.id = node_id
         self.edge_id = edge_id
         self.dim = dim
-        self.index = topology.device_index(node_id)
         self.cfg = cfg
         self.run_id = run_id
         self.shard = shard
         self.trainer = trainer
         self.link = link
         self.stream = SessionStream()  # its exchanges, on one stream per session with its edge
+        self.feed = feed.Alone()  # how it fetches its round tasks: alone, or in its host's one fetch for its edge
         self.uplink = Link.device_uplink(cfg)
         self.downlink = Link.from_config(cfg.pipeline, "downlink")
         self.rounds_done = 0
@@ -60,6 +60,7 @@ class Device:
         self.mode = modes.build(cfg, "device", DevicePorts(cfg, node_id, run_id, self.index, dim, shard, trainer.run,
                                                            self._exchange, self.batches))
 
+    index = property(lambda self: topology.device_index(self.id))  # its place in the run's seeded streams
     chunk_bytes = property(lambda self: self.cfg.net.chunk_kib * 1024)
     max_bytes = property(lambda self: self.cfg.net.max_message_mb << 20)
 
@@ -71,10 +72,9 @@ class Device:
 
     async def _fetch(self, after: tuple[int, int]) -> tuple[pb.RoundTask, list[pb.Envelope]]:
         """The next round task, detached from the envelope that carried it, and that envelope in a list the round
-        empties once it decoded the model (a sub-message would keep the whole envelope, model bytes and all)."""
-        call = self.link.stub.FetchRound(pb.FetchRequest(run_id=self.run_id, node_id=self.id, after_round=after[0],
-                                                         after_attempt=after[1]), metadata=self.link.metadata)
-        envelope, _ = await wire.read_envelope(call, self.max_bytes)
+        empties once it decoded the model (a sub-message would keep the whole envelope, model bytes and all); it may
+        be the host's one fetch for its devices of this edge (feed.py), which nothing writes to."""
+        envelope = await self.feed.next_after(self, after)
         task = pb.RoundTask()
         task.CopyFrom(envelope.task)
         return task, [envelope]
@@ -276,7 +276,7 @@ class DeviceHost:
                 device.give_up_after = self.wait_s  # an edge unreachable for this long ended, or died for good
                 devices.append(device)
             log.info("%d devices ready in %.1fs", len(devices), time.monotonic() - started)
-            outcomes = await asyncio.gather(*(d.run() for d in devices))
+            outcomes = await feed.run_all(devices, message, cfg.net.host_fetch and self.identity.shared)
             log.info("devices done: %s; refusals of our messages: %d; diverged rounds: %d; reconnections: %d",
                      {o: outcomes.count(o) for o in set(outcomes)}, sum(d.refused for d in devices),
                      sum(d.diverged for d in devices), sum(d.reconnects for d in devices))

@@ -74,10 +74,10 @@ class EdgeServer(Gate, pbg.EdgeServiceServicer):
         if self.admit is not None:
             self.admit(context, node, self.members)
 
-    def _authenticate(self, context, node: str) -> str:
+    def _authenticate(self, context, node: str, token: str | None = None) -> str:
         self._check_member(node)
         self._check_peer(context, node)
-        return self.live.sessions.check(context, node)
+        return self.live.sessions.check(context, node, token)
 
     async def Register(self, request: pb.RegisterRequest, context) -> pb.RegisterReply:
         node = request.node_id

@@ -272,16 +272,26 @@ class RegisterReply(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., spec_json: _Optional[str] = ..., cluster_id: _Optional[str] = ..., members: _Optional[_Iterable[str]] = ..., session_token: _Optional[str] = ..., round: _Optional[int] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
-    __slots__ = ("run_id", "node_id", "after_round", "after_attempt")
+    __slots__ = ("run_id", "node_id", "after_round", "after_attempt", "also")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     AFTER_ROUND_FIELD_NUMBER: _ClassVar[int]
     AFTER_ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    ALSO_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     node_id: str
     after_round: int
     after_attempt: int
-    def __init__(self, run_id: _Optional[str] = ..., node_id: _Optional[str] = ..., after_round: _Optional[int] = ..., after_attempt: _Optional[int] = ...) -> None: ...
+    also: _containers.RepeatedCompositeFieldContainer[FetchFor]
+    def __init__(self, run_id: _Optional[str] = ..., node_id: _Optional[str] = ..., after_round: _Optional[int] = ..., after_attempt: _Optional[int] = ..., also: _Optional[_Iterable[_Union[FetchFor, _Mapping]]] = ...) -> None: ...
+
+class FetchFor(_message.Message):
+    __slots__ = ("node_id", "session_token")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    session_token: str
+    def __init__(self, node_id: _Optional[str] = ..., session_token: _Optional[str] = ...) -> None: ...
 
 class PresenceRequest(_message.Message):
     __slots__ = ("run_id", "node_id")

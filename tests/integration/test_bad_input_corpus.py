@@ -222,6 +222,18 @@ def corpus(tb, a: RawDevice, b: RawDevice, round_: int, step: int, kind: str, go
     case("FetchRound as a with b's token", S.PERMISSION_DENIED, lambda: a.fetch(-1, metadata=b.metadata))
     case("FetchRound as 1 MiB id", S.INVALID_ARGUMENT, lambda: b.stub.FetchRound(
         pb.FetchRequest(run_id=run_id, node_id=HUGE_ID), metadata=b.metadata), short_detail=True)
+
+    def fetch_for(*also):
+        """b's fetch for itself and for `also` ((node, session token), ...), as a device host sends one."""
+        return lambda: b.stub.FetchRound(pb.FetchRequest(run_id=run_id, node_id=b.id, after_round=round_, also=[
+            pb.FetchFor(node_id=n, session_token=t) for n, t in also]), metadata=b.metadata, timeout=10)
+    case("FetchRound for a with a forged token", S.PERMISSION_DENIED, fetch_for(("dev-00004", "A" * 32)))
+    case("FetchRound for a with b's token", S.PERMISSION_DENIED, fetch_for(("dev-00004", b.token)))
+    case("FetchRound for a with no token", S.PERMISSION_DENIED, fetch_for(("dev-00004", "")))
+    case("FetchRound for a device of the other cluster", S.PERMISSION_DENIED, fetch_for(("dev-00000", b.token)))
+    case("FetchRound for b itself again", S.INVALID_ARGUMENT, fetch_for(("dev-00005", b.token)))
+    case("FetchRound for more devices than the cluster has", S.INVALID_ARGUMENT,
+         fetch_for(*[("dev-00004", a.token)] * 3))
     case("Presence without token", S.PERMISSION_DENIED,
          lambda: next(b.stub.Presence(pb.PresenceRequest(run_id=run_id, node_id="dev-00005"))))
     case("Presence as a with b's token", S.PERMISSION_DENIED,

@@ -42,3 +42,20 @@ def test_children_not_drawn_are_not_sent_the_round_but_the_next_that_draws_them_
         r, chunks, _ = await asyncio.wait_for(waiting, 1)
         assert r == 5 and fetched(chunks).task.finished
     asyncio.run(go())
+
+
+def test_a_fetch_for_several_children_takes_the_first_task_that_draws_any_of_them_and_marks_each():
+    async def go():
+        board = RoundBoard()
+        await board.publish(2, envelope(2), 64 << 10, idle={"dev-00001", "dev-00002"})
+        waiting = asyncio.create_task(board.wait_after(1, 0, ["dev-00001", "dev-00002"]))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()  # neither is drawn in round 2
+        await board.publish(3, envelope(3), 64 << 10, idle={"dev-00001"})  # round 3 draws dev-00002
+        r, _, _ = await asyncio.wait_for(waiting, 1)
+        assert r == 3
+        r, _, _ = await board.wait_after(1, 0, ["dev-00001", "dev-00000"])
+        assert r == 3
+        await board.mark_fetched(3, ["dev-00001", "dev-00002"])
+        assert await board.wait_fetched(3, {"dev-00000", "dev-00001", "dev-00002"}, 0.05) == {"dev-00000"}
+    asyncio.run(go())

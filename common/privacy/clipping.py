@@ -23,16 +23,32 @@ def _check_vector(vec: np.ndarray) -> np.ndarray:
     return arr
 
 
+def _scaled(arr: np.ndarray, scale) -> np.ndarray:
+    """arr * scale computed in float64 and rounded to arr's float dtype (float64 for integers), without a float64
+    copy of the model-sized vector (numpy widens it a buffer at a time)."""
+    dtype = arr.dtype if np.issubdtype(arr.dtype, np.floating) else np.float64
+    return np.multiply(arr, scale, dtype=np.float64, out=np.empty(arr.shape, dtype), casting="unsafe")
+
+
+def _l1(arr: np.ndarray) -> float:
+    return float(np.abs(arr).sum(dtype=np.float64))
+
+
+def _l2(arr: np.ndarray) -> float:
+    return float(np.sqrt(np.einsum("i,i->", arr, arr, dtype=np.float64)))
+
+
 def _scale_into_bound(arr: np.ndarray, scale: np.ndarray, bound: np.ndarray, seg_ids: np.ndarray | None) -> np.ndarray:
     """arr * scale (per element), cast back to arr's float dtype, shrunk by an ulp where rounding overshoots."""
-    dtype = arr.dtype if np.issubdtype(arr.dtype, np.floating) else np.float64
-    out = (arr.astype(np.float64) * scale).astype(dtype)
-    sq = out.astype(np.float64) ** 2
-    norms = np.sqrt(sq.sum() if seg_ids is None else np.bincount(seg_ids, weights=sq, minlength=len(bound)))
+    out = _scaled(arr, scale)
+    if seg_ids is None:
+        norms = np.array([_l2(out)])
+    else:
+        norms = np.sqrt(np.bincount(seg_ids, weights=out.astype(np.float64) ** 2, minlength=len(bound)))
     over = norms > bound
     if np.any(over):
         fix = np.where(over, _SHRINK, 1.0)
-        out = (out.astype(np.float64) * (fix if seg_ids is None else fix[seg_ids])).astype(dtype)
+        out = _scaled(out, fix[0] if seg_ids is None else fix[seg_ids])
     return out
 
 
@@ -44,7 +60,7 @@ def clip_l2(vec: np.ndarray, bound: float) -> tuple[np.ndarray, bool]:
     if not bound > 0 or not np.isfinite(bound):
         raise ValueError(f"bound (clip norm C) must be a finite number > 0, got {bound!r}")
     arr = _check_vector(vec)
-    norm = float(np.sqrt(np.sum(arr.astype(np.float64) ** 2)))
+    norm = _l2(arr)
     if norm <= bound:
         return arr.copy(), False
     scale = np.float64(bound / norm)
@@ -57,13 +73,12 @@ def clip_l1(vec: np.ndarray, bound: float) -> tuple[np.ndarray, bool]:
     if not bound > 0 or not np.isfinite(bound):
         raise ValueError(f"bound (l1 clipping constant C) must be a finite number > 0, got {bound!r}")
     arr = _check_vector(vec)
-    norm = float(np.abs(arr.astype(np.float64)).sum())
+    norm = _l1(arr)
     if norm <= bound:
         return arr.copy(), False
-    dtype = arr.dtype if np.issubdtype(arr.dtype, np.floating) else np.float64
-    out = (arr.astype(np.float64) * (bound / norm)).astype(dtype)
-    if float(np.abs(out.astype(np.float64)).sum()) > bound:
-        out = (out.astype(np.float64) * _SHRINK).astype(dtype)
+    out = _scaled(arr, bound / norm)
+    if _l1(out) > bound:
+        out = _scaled(out, _SHRINK)
     return out, True
 
 

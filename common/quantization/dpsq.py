@@ -11,7 +11,8 @@ import math
 
 import numpy as np
 
-from .sq import cell_floor, cell_position, check_bits, check_vector, coins, dequantize_grid, step, vector_range
+from .sq import (cell_position, check_bits, check_vector, coins, dequantize_grid, finite_vector, grid_indices, step,
+                 vector_range)
 
 
 def check_epsilon1(epsilon1) -> float:
@@ -30,18 +31,15 @@ def nearest_probability(epsilon1: float) -> float:
 
 def dpsq_indices(x: np.ndarray, lo: float, hi: float, levels: int, epsilon1: float, rng: np.random.Generator
                  ) -> np.ndarray:
-    lower, frac = cell_floor(x, lo, hi, levels)
+    p = nearest_probability(epsilon1)
     # the upper level when the nearest is the upper one (frac > 1/2) and the coin says nearest, or the other way round
-    up = np.equal(frac > 0.5, coins(rng, x.size, nearest_probability(epsilon1)))
-    indices = lower.astype(np.uint32)
-    indices += up
-    return indices
+    return grid_indices(x, lo, hi, levels, lambda frac: np.equal(frac > 0.5, coins(rng, frac.size, p)))
 
 
 def dpsq_quantize(x, rng: np.random.Generator, bits: int, epsilon1: float, range_mode: str = "minmax",
                   clip: float | None = None) -> tuple[np.float32, np.float32, np.ndarray]:
     """Paper 004, Lemma 3 / eq. (6): returns (lo, hi, uint32 indices in 0..2^b-1)."""
-    x, levels = check_vector(x), 1 << check_bits(bits)
+    x, levels = finite_vector(x), 1 << check_bits(bits)
     lo, hi = vector_range(x, range_mode, clip)
     return lo, hi, dpsq_indices(x, lo, hi, levels, check_epsilon1(epsilon1), rng)
 

@@ -35,6 +35,19 @@ def check_vector(x) -> np.ndarray:
     return x
 
 
+def finite_vector(x) -> np.ndarray:
+    """check_vector without its float64 copy, for the grid quantizers (grid_indices widens a block at a time): a float32
+    vector stays as it is, and a NaN or an infinity shows in its min or max."""
+    x = np.asarray(x)
+    if x.dtype not in (np.float32, np.float64):
+        x = x.astype(np.float64)
+    if x.ndim != 1:
+        raise ValueError(f"vec must be one-dimensional, got shape {x.shape}")
+    if x.size and not (np.isfinite(x.min()) and np.isfinite(x.max())):
+        raise ValueError("vec must be finite (no NaN or inf)")
+    return x
+
+
 def _outward_float32(lo: float, hi: float) -> tuple[np.float32, np.float32]:
     lo32, hi32 = np.float32(lo), np.float32(hi)
     if float(lo32) > lo:
@@ -95,16 +108,32 @@ def coins(rng, n: int, p: float) -> np.ndarray:
     return below(n, p) if below is not None else rng.random(n) < p
 
 
+BLOCK = 8192  # values a block of grid_indices: 64 KiB float64 temporaries, below malloc's mmap threshold (128 KiB)
+
+
+def grid_indices(x: np.ndarray, lo: float, hi: float, levels: int, up) -> np.ndarray:
+    """Every value's grid index: its cell's lower level, plus one where `up(frac)` says (frac: its place in the cell,
+    cell_floor's float64 arithmetic). Block by block: a model-sized temporary is mapped afresh by malloc on every call,
+    and its page faults cost more than the arithmetic, where a block's stay in the heap; `up` draws its randomness a
+    block after another, the same stream as one call's."""
+    out = np.empty(x.size, np.uint32)
+    for start in range(0, x.size, BLOCK):
+        lower, frac = cell_floor(np.asarray(x[start:start + BLOCK], np.float64), lo, hi, levels)
+        block = out[start:start + BLOCK]
+        block[...] = lower
+        block += up(frac)
+    return out
+
+
 def sq_indices(x: np.ndarray, lo: float, hi: float, levels: int, rng: np.random.Generator) -> np.ndarray:
     """Unbiased stochastic rounding on the grid: up with probability t."""
-    lower, frac = cell_position(x, lo, hi, levels)
-    return (lower + (rng.random(x.size) < frac)).astype(np.uint32)
+    return grid_indices(x, lo, hi, levels, lambda frac: rng.random(frac.size) < frac)
 
 
 def sq_quantize(x, rng: np.random.Generator, bits: int, range_mode: str = "minmax", clip: float | None = None
                 ) -> tuple[np.float32, np.float32, np.ndarray]:
     """Paper 004's Q_b (SQ-FL): returns (lo, hi, uint32 indices in 0..2^b-1)."""
-    x, levels = check_vector(x), 1 << check_bits(bits)
+    x, levels = finite_vector(x), 1 << check_bits(bits)
     lo, hi = vector_range(x, range_mode, clip)
     return lo, hi, sq_indices(x, lo, hi, levels, rng)
 

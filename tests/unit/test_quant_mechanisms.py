@@ -174,9 +174,10 @@ def _dpsq_indices_step_by_step(x, lo, hi, levels, eps1, rng):
 
 @pytest.mark.parametrize("source", ["seeded-keystream", "numpy"])
 def test_dpsq_encode_equals_the_step_by_step_formula_bit_for_bit(source):
-    """The encode's in-place arithmetic and its coins from one comparison of the keystream words
-    (CipherGenerator.below) give the indices of eq. (6) computed step by step, for every width, eps1 = 0 and inf
-    included, ties, the range's ends and a constant vector."""
+    """The encode's in-place arithmetic, block by block (20,001 values: three blocks), and its coins from one
+    comparison of the keystream words (CipherGenerator.below) give the indices of eq. (6) computed step by step, for
+    every width, eps1 = 0 and inf included, ties, the range's ends, a constant vector and float32 input (a model's
+    update, widened a block at a time)."""
     from hfl.common.quantization.dpsq import dpsq_indices
     from hfl.common.quantization.sq import vector_range
     from hfl.common.secret_random import dp_numpy_rng
@@ -187,14 +188,29 @@ def test_dpsq_encode_equals_the_step_by_step_formula_bit_for_bit(source):
 
     base = np.random.default_rng(1).normal(size=20_001)
     for k, (bits, eps1) in enumerate([(1, 0.0), (2, 1e-6), (3, 0.7), (4, 3.0), (8, 40.0), (2, np.inf)]):
-        for x in (base, np.r_[base[:50], 0.0, -2.0, 2.0], np.full(7, 0.25)):
+        for x in (base, np.r_[base[:50], 0.0, -2.0, 2.0], np.full(7, 0.25), base.astype(np.float32)):
             lo, hi = vector_range(x)
             levels = 1 << bits
             if float(hi) == float(lo):
                 continue  # one level: nothing to draw (the constant is sent)
             got = dpsq_indices(x, lo, hi, levels, eps1, rng(k))
             assert got.dtype == np.uint32
-            assert np.array_equal(got, _dpsq_indices_step_by_step(x, lo, hi, levels, eps1, rng(k))), (bits, eps1)
+            want = _dpsq_indices_step_by_step(x.astype(np.float64), lo, hi, levels, eps1, rng(k))
+            assert np.array_equal(got, want), (bits, eps1, x.dtype)
+
+
+def test_sq_block_by_block_equals_its_one_pass_formula_bit_for_bit():
+    """Q_b's indices block by block (three blocks) equal lower + (u < t) over the whole vector, one draw a value in
+    order, float32 input included, the fixed range's clamp too."""
+    from hfl.common.quantization.sq import cell_position, sq_indices, vector_range
+
+    base = np.random.default_rng(2).normal(size=20_001)
+    for x, mode, clip in ((base, "minmax", None), (base.astype(np.float32), "minmax", None), (base, "fixed", 1.5)):
+        lo, hi = vector_range(x, mode, clip)
+        for bits in (1, 3, 8):
+            lower, frac = cell_position(x.astype(np.float64), lo, hi, 1 << bits)
+            want = (lower + (np.random.default_rng(bits).random(x.size) < frac)).astype(np.uint32)
+            assert np.array_equal(sq_indices(x, lo, hi, 1 << bits, np.random.default_rng(bits)), want), (mode, bits)
 
 
 def test_keystream_coins_equal_uniforms_below_p():

@@ -5,7 +5,8 @@
 CPU per call (process time, median of the repeats, the parts taking turns) of `wire.encode(v, "dpsq", ...)` with a
 DP release's generator (fresh CSPRNG key, as a device draws its coins), its quantizer alone, and, as the unit, one
 pass over the vector (`v.astype(float64)`, the first thing the quantizer does): the encode's cost in passes. The
-default size is the 784-200-10 MLP of paper 004 (159,010 values).
+default size is the 784-200-10 MLP of paper 004 (159,010 values). The process keeps freed buffers in its heap as a
+node does (common/heap.configure); --plain leaves malloc's defaults.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ def main() -> int:
     ap.add_argument("--dim", type=int, default=159_010)
     ap.add_argument("--bits", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=31)
+    ap.add_argument("--plain", action="store_true", help="malloc's defaults, not a node's heap settings")
     args = ap.parse_args()
     import numpy as np
 
@@ -27,6 +29,11 @@ def main() -> int:
     from hfl.common import wire
     from hfl.common.quantization.dpsq import dpsq_quantize
     from hfl.common.secret_random import dp_numpy_rng
+
+    if not args.plain:
+        from hfl.common import heap
+
+        heap.configure()
 
     v = np.random.default_rng(0).normal(size=args.dim).astype(np.float32)
 

@@ -173,7 +173,7 @@ def _clipped_noised_round(cfg, shards, mean, std, work):
 
     def one(model, state: dict, i: int, device: int, rnd: int) -> None:
         model.load_state_dict(state)
-        w = anchor = get_flat(model)
+        w = get_flat(model)
         noisy = (device // cfg.topology.devices_per_edge) % 2 == 1
         for step, phase in enumerate(plan):
             p = phase.params
@@ -183,8 +183,7 @@ def _clipped_noised_round(cfg, shards, mean, std, work):
                                     steps=int(p["steps"]), clip=float(p.get("clip", 0.0)))
             elif phase.kind == plans.EDGE_MODEL_SYNC and noisy:
                 rng = dp_numpy_rng("seeded", cfg.run.seed, "device", device, rnd, step, "dp_noise", 0)
-                w = anchor + (w - anchor + rng.normal(0.0, cfg.privacy.clip, len(w)).astype("float32"))
-                anchor = w
+                w = w + rng.normal(0.0, cfg.privacy.clip, len(w)).astype("float32")
         set_flat(model, w)
     return one
 

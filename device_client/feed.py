@@ -56,7 +56,6 @@ class RoundFeed:
         self.polling: frozenset[tuple[str, str]] | None = None  # those the call in flight names; None: no call
         self.failed: frozenset[tuple[str, str]] = frozenset()  # those the last call, which failed, named
         self.generation = 0  # calls ended
-        self.calls = 0
         self._poll: asyncio.Task | None = None
         self._changed = asyncio.Condition()
 
@@ -93,7 +92,6 @@ class RoundFeed:
         named = [(d, d.link.token) for d in self.devices if d.link.token]
         self.polling = frozenset((d.id, token) for d, token in named)
         if named:
-            self.calls += 1
             self._poll = asyncio.get_running_loop().create_task(self._fetch(named, after, self.polling))
         else:
             self.polling = None
